@@ -1,0 +1,189 @@
+"""`specft <command> [hydra overrides]`: cache | train.
+
+The overrides are checked (every combination of a -m sweep) before Hydra runs a job, so
+a bad value is one line naming the field and what is allowed, exit code 2, and nothing
+is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from specft.errors import ConfigError, SpecftError
+
+COMMANDS = ("cache", "train")
+USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
+
+  specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
+  specft cache model=smollm2_135m quant=fp8
+  specft train -m quant=bf16,mxfp4        # Hydra multirun: one job per value
+
+Config groups: model, quant, draft, loss, data, cache, trainer, logger (see conf/)."""
+
+log = logging.getLogger("specft")
+
+
+def conf_dir() -> Path:
+    """conf/ at the repo root in a checkout; the packaged copy (specft.conf) when installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("specft.conf")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+def setup_logging(rank: int = 0) -> None:
+    level = logging.INFO if rank == 0 else logging.WARNING
+    logging.basicConfig(level=level, format="[specft %(asctime)s] %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr, force=True)
+    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "httpx", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _groups() -> dict[str, list[str]]:
+    root = conf_dir()
+    return {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in root.iterdir() if d.is_dir()
+            and any(d.glob("*.yaml"))}
+
+
+def _expand_overrides(overrides: list[str]) -> list[list[str]]:
+    """Every combination a sweep would run, as plain override lists."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:  # hydra raises its own OverrideParseException
+        raise ConfigError(f"bad override: {str(err).splitlines()[0]}") from None
+    choices = []
+    for o in parsed:
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            choices.append([o.input_line])
+    return [list(c) for c in itertools.product(*choices)]
+
+
+def _check_group_choice(override: str, groups: dict[str, list[str]]) -> None:
+    key, _, value = override.partition("=")
+    key = key.lstrip("+~")
+    if key in groups and value not in groups[key]:
+        raise ConfigError(f"{key}: unknown value {value!r}; allowed: {', '.join(groups[key])}")
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from specft.config import register_schema
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        try:
+            return hydra_compose("config", overrides=overrides)
+        except Exception as err:
+            cause = err.__cause__
+            detail = f" ({str(cause).splitlines()[0]})" if cause else ""
+            raise ConfigError(f"{str(err).splitlines()[0]}{detail}") from None
+
+
+def validate_overrides(overrides: list[str]) -> None:
+    from specft.config import to_schema
+
+    groups = _groups()
+    for combo in _expand_overrides(overrides):
+        for o in combo:
+            _check_group_choice(o, groups)
+        cfg = compose(combo)
+        OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
+        to_schema(cfg)
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _absolute_paths(cfg: DictConfig) -> None:
+    """Ranks and later commands may run elsewhere: make every path absolute now."""
+    for key in ("run_dir", "cache.root", "cache.dir", "data.path"):
+        value = OmegaConf.select(cfg, key)
+        if value:
+            OmegaConf.update(cfg, key, str(Path(value).expanduser().resolve()))
+
+
+def _task(command: str):
+    def task(hydra_cfg: DictConfig) -> None:
+        from specft.config import to_schema
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from specft.launch import launch_ranks, run_subprocess_rank
+        from specft.worker import run
+
+        setup_logging()  # Hydra reconfigures logging per job
+        cfg = OmegaConf.create(OmegaConf.to_container(hydra_cfg, resolve=True))
+        _absolute_paths(cfg)
+        cfg.meta = {"git_sha": _git_sha(), "command": command, "argv": sys.argv[1:]}
+        root = to_schema(cfg)
+        run_dir = Path(root.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = run_dir / "config.yaml"
+        config_path.write_text(OmegaConf.to_yaml(cfg))
+        log.info("%s: run dir %s", command, run_dir)
+        if root.trainer.nproc > 1:
+            launch_ranks(config_path, command, root.trainer.nproc)
+        elif HydraConfig.get().mode == RunMode.MULTIRUN:
+            run_subprocess_rank(config_path, command)
+        else:
+            run(root, command)
+
+    return task
+
+
+def main(argv: list[str] | None = None) -> int:
+    import hydra
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    command, overrides = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    setup_logging()
+    hydra_flags = [a for a in overrides if a.startswith("-")]
+    plain = [a for a in overrides if not a.startswith("-")]
+    try:
+        validate_overrides(plain)
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from specft.config import register_schema
+
+    register_schema()
+    sys.argv = [f"specft {command}", *hydra_flags, *plain]
+    app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task(command))
+    try:
+        app()
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Dataclass schemas for every config group, and validation that runs before any model
+loads. A bad value raises ConfigError with one line naming the field and what is allowed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from specft.errors import ConfigError
+from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
+from specft.quant.formats import ELEMENT_FORMATS
+
+MODEL_SOURCES = ("hf", "gguf", "tiny", "smollm2_package")
+MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+CACHE_DTYPES = ("bf16", "fp16", "fp32")
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    source: str = "hf"  # see MODEL_SOURCES
+    path: str | None = None  # local HF directory or hub id (source=hf)
+    gguf_file: str | None = None  # file name inside `path`, or an absolute path
+    family: str = "llama"
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    head_dim: int | None = None
+    vocab_size: int = MISSING
+    num_experts: int = 0
+    experts_top_k: int = 0
+    tie_word_embeddings: bool = False
+    # 0-based decoder layers whose outputs feed the draft; null: EAGLE-3's 1, N//2-1, N-4.
+    aux_layer_ids: list[int] | None = None
+    dtype: str = "float32"
+
+
+@dataclass
+class QuantConfig:
+    name: str = MISSING
+    weight: TensorQuantSpec | None = None
+    activation: TensorQuantSpec | None = None
+    # Module-name globs kept in high precision (lm_head, embeddings, MoE router).
+    exclude: list[str] = field(default_factory=lambda: ["lm_head", "*embed_tokens*", "*.mlp.gate"])
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    path: str | None = None
+    num_samples: int = 256
+    max_seq_len: int = 512
+    seed: int = 0
+    system_prompt: str | None = None
+
+
+@dataclass
+class CacheConfig:
+    root: str = "cache"
+    dir: str | None = None  # null: <root>/<model>-<quant>-<provenance hash>
+    dtype: str = "bf16"
+    samples_per_shard: int = 64
+    batch_size: int = 8
+
+
+@dataclass
+class DraftConfig:
+    name: str = "eagle3"
+    vocab_size: int = 32000
+    num_layers: int = 1
+    intermediate_size: int | None = None  # null: the target's
+    ttt_steps: int = 7
+    step_weight_decay: float = 0.8
+    qk_norm: bool | None = None  # null: follow the target family (Qwen3: yes)
+
+
+@dataclass
+class LossConfig:
+    name: str = "kl"
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    micro_batch_size: int = 4
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    zero_stage: int = 0
+    precision: str = "fp32"
+    nproc: int = 1
+    save_every: int = 100
+    keep_last: int = 2
+    log_every: int = 1
+    resume: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "jsonl"
+    project: str = "specft"
+    mode: str | None = None  # wandb mode; null: online with an API key, else offline
+
+
+@dataclass
+class RootConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    run_dir: str = MISSING
+    seed: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)  # git SHA, command: written at launch
+
+
+SCHEMA_NAME = "specft_schema"
+
+
+def register_schema() -> None:
+    """Make the schema the base of conf/config.yaml: every field exists (overridable
+    without '+') and is type-checked as Hydra composes."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=RootConfig)
+
+
+def to_schema(cfg: DictConfig | dict) -> RootConfig:
+    """Merge a composed config onto the schema (type-checks every field) and validate."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
+        root: RootConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        msg = str(err).splitlines()[0]
+        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+    validate(root)
+    return root
+
+
+def _choice(value: Any, allowed, field_name: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field_name}: {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+
+
+def _positive(value: int | float, field_name: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{field_name}: must be > 0, got {value}")
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def aux_layer_ids(model: ModelConfig) -> list[int]:
+    return list(model.aux_layer_ids) if model.aux_layer_ids is not None else default_aux_layer_ids(model.num_layers)
+
+
+def validate_model(m: ModelConfig) -> None:
+    _choice(m.source, MODEL_SOURCES, "model.source")
+    _choice(m.family, MODEL_FAMILIES, "model.family")
+    _choice(m.dtype, DTYPES, "model.dtype")
+    for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size"):
+        _positive(getattr(m, name), f"model.{name}")
+    if m.source == "hf" and not m.path:
+        raise ConfigError("model.path: required for model.source=hf (a local directory or a hub id)")
+    ids = aux_layer_ids(m)
+    if len(ids) != 3:
+        raise ConfigError(f"model.aux_layer_ids: EAGLE-3 fuses 3 layers, got {len(ids)}: {ids}")
+    for i in ids:
+        if not 0 <= i < m.num_layers:
+            raise ConfigError(f"model.aux_layer_ids: layer {i} is past the model's depth; "
+                              f"allowed: 0..{m.num_layers - 1} ({m.name} has {m.num_layers} layers)")
+
+
+def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig) -> None:
+    _choice(spec.format, sorted(ELEMENT_FORMATS), f"{prefix}.format")
+    _choice(spec.scheme, SCHEMES, f"{prefix}.scheme")
+    if spec.scheme == "mx":
+        _choice(spec.scale_rule, MX_SCALE_RULES, f"{prefix}.scale_rule")
+        if spec.format.startswith("int"):
+            raise ConfigError(f"{prefix}.format: MX blocks need a float element format, got {spec.format!r}")
+        _positive(spec.block_size, f"{prefix}.block_size")
+        for dim_name in ("hidden_size", "intermediate_size"):
+            dim = getattr(model, dim_name)
+            if dim % spec.block_size:
+                raise ConfigError(f"{prefix}.block_size must divide {dim_name}={dim}, got {spec.block_size}")
+
+
+def validate(cfg: RootConfig) -> None:
+    validate_model(cfg.model)
+    if cfg.quant.weight is not None:
+        _validate_tensor_spec(cfg.quant.weight, "quant.weight", cfg.model)
+    if cfg.quant.activation is not None:
+        _validate_tensor_spec(cfg.quant.activation, "quant.activation", cfg.model)
+    _choice(cfg.cache.dtype, CACHE_DTYPES, "cache.dtype")
+    _positive(cfg.cache.samples_per_shard, "cache.samples_per_shard")
+    _positive(cfg.cache.batch_size, "cache.batch_size")
+    _positive(cfg.data.num_samples, "data.num_samples")
+    _positive(cfg.data.max_seq_len, "data.max_seq_len")
+    _positive(cfg.draft.vocab_size, "draft.vocab_size")
+    _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
+    if cfg.draft.num_layers != 1:
+        raise ConfigError(f"draft.num_layers: eagle3 has one decoder layer; allowed: 1, got {cfg.draft.num_layers}")
+    t = cfg.trainer
+    for name in ("max_steps", "micro_batch_size", "grad_accum", "lr", "nproc", "save_every", "keep_last", "log_every"):
+        _positive(getattr(t, name), f"trainer.{name}")
+    _choice(t.zero_stage, (0, 1, 2, 3), "trainer.zero_stage")
+    _choice(t.precision, PRECISIONS, "trainer.precision")
+    _choice(cfg.logger.name, ("jsonl", "wandb"), "logger.name")
+    # Registries are checked late-bound so config.py does not import the heavy stages.
+    from specft.data.sources import DATA_SOURCES
+    from specft.draft import DRAFT_HEADS
+    from specft.train.losses import LOSSES
+
+    DRAFT_HEADS.get(cfg.draft.name, "draft.name")
+    LOSSES.get(cfg.loss.name, "loss.name")
+    DATA_SOURCES.get(cfg.data.name, "data.name")
+    if cfg.data.name != "synthetic" and not cfg.data.path:
+        raise ConfigError(f"data.path: required for data.name={cfg.data.name}")

@@ -1,0 +1,42 @@
+"""Device and distributed-backend selection: Ascend NPU (torch_npu, imported only when
+installed), CUDA, or CPU. torch_npu is never imported at module load."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    kind: str  # "npu" | "cuda" | "cpu"
+    dist_backend: str  # "hccl" | "nccl" | "gloo"
+
+
+BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+
+
+def npu_available() -> bool:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    import torch_npu  # noqa: F401  (registers torch.npu and DeepSpeed's npu accelerator)
+
+    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+
+
+def select_device(prefer: str | None = None, *, npu_ok=npu_available,
+                  cuda_ok=torch.cuda.is_available) -> DeviceChoice:
+    """``prefer`` forces a kind; otherwise NPU, then CUDA, then CPU, whichever is present."""
+    checks = {"npu": npu_ok, "cuda": cuda_ok, "cpu": lambda: True}
+    if prefer is not None:
+        if prefer not in checks:
+            raise ValueError(f"unknown device {prefer!r}; known: {', '.join(checks)}")
+        if not checks[prefer]():
+            raise RuntimeError(f"device {prefer!r} requested but not available")
+        return DeviceChoice(prefer, BACKENDS[prefer])
+    for kind in ("npu", "cuda", "cpu"):
+        if checks[kind]():
+            return DeviceChoice(kind, BACKENDS[kind])
+    raise AssertionError("unreachable")

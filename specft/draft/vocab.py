@@ -1,0 +1,39 @@
+"""The draft vocabulary: the most frequent target tokens in the training data.
+
+``d2t[i]`` is the offset from draft id i to its target id (target = i + d2t[i]) and
+``t2d`` marks which target ids the draft can emit, as EAGLE-3 and vLLM store them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftVocab:
+    draft_to_target: torch.Tensor  # long [Vd]: target id of each draft id, ascending
+    d2t: torch.Tensor  # long [Vd]
+    t2d: torch.Tensor  # bool [V]
+    coverage: float  # share of loss-masked training tokens the draft vocab covers
+
+    @property
+    def size(self) -> int:
+        return len(self.draft_to_target)
+
+
+def build_draft_vocab(counts: torch.Tensor, size: int) -> DraftVocab:
+    """Top-``size`` tokens by count (ties: lower id first). When the data has fewer
+    distinct tokens than ``size``, unseen tokens fill the rest in id order."""
+    vocab = counts.numel()
+    size = min(size, vocab)
+    ids = torch.arange(vocab)
+    # Stable sort on -count keeps ascending ids among equal counts.
+    order = torch.sort(-counts.long(), stable=True).indices
+    selected = torch.sort(ids[order[:size]]).values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[selected] = True
+    total = counts.sum().item()
+    coverage = counts[selected].sum().item() / total if total else 0.0
+    return DraftVocab(selected, selected - torch.arange(size), t2d, coverage)

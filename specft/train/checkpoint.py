@@ -1,0 +1,106 @@
+"""Checkpoints: ``checkpoints/step-{N:07d}/`` written atomically (a temporary folder,
+then a rename), a ``latest`` pointer, keep-last-k, and a consolidated ``final`` draft.
+
+Each step folder holds DeepSpeed's model/optimizer/scheduler states, every rank's RNG
+state, the consolidated draft (draft.safetensors + draft_config.json) and the run's
+resolved config.yaml, so eval and export never need DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from specft.cache.manifest import atomic_write_json
+
+LATEST = "latest"
+
+
+def step_tag(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def latest_tag(ckpt_root: Path) -> str | None:
+    path = ckpt_root / LATEST
+    if not path.exists():
+        return None
+    tag = path.read_text().strip()
+    return tag if (ckpt_root / tag).is_dir() else None
+
+
+def _barrier(world_size: int) -> None:
+    if world_size > 1:
+        torch.distributed.barrier()
+
+
+def write_draft_files(folder: Path, draft, extra_config: dict, run_config_yaml: str) -> None:
+    state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}
+    save_file(state, str(folder / "draft.safetensors"))
+    config = {"architecture": "eagle3", **asdict(draft.config), **extra_config}
+    (folder / "draft_config.json").write_text(json.dumps(config, indent=2))
+    (folder / "config.yaml").write_text(run_config_yaml)
+
+
+def save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: int,
+                    keep_last: int, extra_config: dict, run_config_yaml: str) -> Path:
+    tag = step_tag(step)
+    tmp_root = ckpt_root / f".tmp-{tag}"
+    if rank == 0 and tmp_root.exists():
+        shutil.rmtree(tmp_root)
+    _barrier(world_size)
+    engine.save_checkpoint(str(tmp_root), tag=tag, client_state={"step": step}, save_latest=False)
+    folder = tmp_root / tag
+    torch.save({"torch": torch.get_rng_state()}, folder / f"rng-r{rank:03d}.pt")
+    _barrier(world_size)
+    final = ckpt_root / tag
+    if rank == 0:
+        write_draft_files(folder, engine.module, extra_config, run_config_yaml)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(folder, final)
+        shutil.rmtree(tmp_root, ignore_errors=True)
+        (ckpt_root / LATEST).parent.mkdir(parents=True, exist_ok=True)
+        _atomic_text(ckpt_root / LATEST, tag)
+        _prune(ckpt_root, keep_last)
+    _barrier(world_size)
+    return final
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _prune(ckpt_root: Path, keep_last: int) -> None:
+    steps = sorted(p for p in ckpt_root.glob("step-*") if p.is_dir())
+    for old in steps[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(engine, ckpt_root: Path, tag: str, rank: int) -> int:
+    """Restore model, optimizer, scheduler and RNG; return the number of finished steps."""
+    _, client = engine.load_checkpoint(str(ckpt_root), tag=tag, load_optimizer_states=True,
+                                       load_lr_scheduler_states=True)
+    rng = ckpt_root / tag / f"rng-r{rank:03d}.pt"
+    if rng.exists():
+        torch.set_rng_state(torch.load(rng)["torch"])
+    return int(client["step"])
+
+
+def save_final(ckpt_root: Path, draft, extra_config: dict, run_config_yaml: str) -> Path:
+    tmp = ckpt_root / ".tmp-final"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write_draft_files(tmp, draft, extra_config, run_config_yaml)
+    final = ckpt_root / "final"
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    atomic_write_json(final / "done.json", {"complete": True})
+    return final

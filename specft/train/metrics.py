@@ -1,0 +1,64 @@
+"""Metric sinks: metrics.jsonl always; wandb when logger=wandb (offline without a key)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from specft.config import LoggerConfig
+
+
+class JsonlSink:
+    def __init__(self, path: Path, resume_step: int):
+        self.path = path
+        # Drop lines logged after the checkpoint we resume from: the resumed run logs
+        # those steps again.
+        if path.exists():
+            kept = [ln for ln in path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            path.write_text("".join(ln + "\n" for ln in kept))
+        self._f = open(path, "a")
+
+    def log(self, record: dict) -> None:
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class WandbSink:
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict):
+        import wandb
+
+        mode = cfg.mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        self._run = wandb.init(project=cfg.project, dir=str(run_dir), config=config, mode=mode,
+                               name=run_dir.name, id=_stable_id(run_dir), resume="allow")
+
+    def log(self, record: dict) -> None:
+        self._run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+def _stable_id(run_dir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:12]
+
+
+class MetricsLogger:
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict, resume_step: int):
+        self.sinks = [JsonlSink(run_dir / "metrics.jsonl", resume_step)]
+        if cfg.name == "wandb":
+            self.sinks.append(WandbSink(cfg, run_dir, config))
+
+    def log(self, record: dict) -> None:
+        for s in self.sinks:
+            s.log(record)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()

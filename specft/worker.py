@@ -1,0 +1,81 @@
+"""One rank's work: stage 1 (cache, if needed) then stage 2 (train).
+
+Run in-process for one rank, or by `deepspeed --no_local_rank --module specft.worker
+--config RUN/config.yaml --command train` for several; the rank comes from the env."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specft.config import RootConfig, to_schema
+from specft.errors import SpecftError
+
+log = logging.getLogger(__name__)
+
+
+def _init_distributed() -> tuple[int, int]:
+    import deepspeed
+
+    from specft.device import select_device
+
+    deepspeed.init_distributed(dist_backend=select_device().dist_backend, verbose=False)
+    import torch.distributed as dist
+
+    return dist.get_rank(), dist.get_world_size()
+
+
+def run(cfg: RootConfig, command: str) -> Path | None:
+    from specft.cache import ensure_cache
+    from specft.launch import set_single_rank_env
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        set_single_rank_env()
+    if world > 1:  # ranks sharing a host split its cores, or they thrash each other
+        import torch
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    needs_dist = world > 1 or command == "train"
+    rank, world = _init_distributed() if needs_dist else (0, 1)
+    try:
+        cache_dir = ensure_cache(cfg, rank, world)
+        if command == "train":
+            from specft.train.trainer import Trainer
+
+            return Trainer(cfg, cache_dir, rank, world).train()
+        return cache_dir
+    finally:
+        if needs_dist:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specft.cli import setup_logging
+
+    parser = argparse.ArgumentParser(prog="specft.worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--command", default="train", choices=["cache", "train"])
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(rank)
+    try:
+        cfg = to_schema(OmegaConf.load(args.config))
+        run(cfg, args.command)
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
