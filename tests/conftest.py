@@ -1,0 +1,31 @@
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_configure(config):
+    # Tiny models are built once per test session into a private home, never ~/.cache.
+    os.environ["SPECFT_HOME"] = tempfile.mkdtemp(prefix="specft-home-")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def run_cli(args, cwd, timeout=600, check=True):
+    """Run `specft ...` as a user would; return the CompletedProcess."""
+    proc = subprocess.run([sys.executable, "-m", "specft.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"specft {' '.join(args)} exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,29 @@
+"""Shared test helpers: configs from conf/ as a user would compose them."""
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from specft.config import ModelConfig, QuantConfig
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def model_cfg(name: str) -> ModelConfig:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                                               OmegaConf.load(CONF / "model" / f"{name}.yaml")))
+
+
+def quant_cfg(name: str) -> QuantConfig:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(QuantConfig),
+                                               OmegaConf.load(CONF / "quant" / f"{name}.yaml")))
+
+
+def root_cfg(*overrides: str, run_dir="unset"):
+    """A validated RootConfig composed from conf/ exactly as the CLI does."""
+    from specft.cli import compose
+    from specft.config import to_schema
+
+    cfg = compose(list(overrides))
+    OmegaConf.update(cfg, "run_dir", str(run_dir), force_add=True)
+    return to_schema(cfg)

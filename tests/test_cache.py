@@ -1,0 +1,93 @@
+"""Stage 1 cache: round trip, resume after interruption, refusal of mismatched caches."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import root_cfg
+from specft.cache import CacheReader, ensure_cache
+from specft.cache.writer import CacheWriter
+from specft.config import aux_layer_ids
+from specft.data import load_samples
+from specft.errors import SpecftError
+from specft.quant import apply_quant
+from specft.target import FeatureCapture, load_target
+
+
+def _cfg(tmp_path, *extra):
+    return root_cfg("model=tiny_qwen3", "quant=mxfp4", "data.num_samples=10",
+                    "cache.samples_per_shard=4", "cache.batch_size=3", "cache.dtype=fp32",
+                    f"cache.root={tmp_path / 'cache'}", *extra)
+
+
+def test_cache_round_trip_matches_the_quantized_target(tmp_path):
+    cfg = _cfg(tmp_path)
+    cache_dir = ensure_cache(cfg)
+    reader = CacheReader(cache_dir)
+    manifest = json.loads((cache_dir / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["num_samples"] == 10 == len(reader)
+    assert len(manifest["shards"]) == 3 and manifest["aux_layer_ids"] == [1, 3, 4]
+    model, tok = load_target(cfg.model)
+    apply_quant(model, cfg.quant.weight, cfg.quant.activation, cfg.quant.exclude)
+    capture = FeatureCapture(model, aux_layer_ids(cfg.model))
+    samples = load_samples(cfg.data, tok)
+    for i in (0, 5, 9):
+        s = samples[i]
+        aux, final = capture(s.input_ids[None], torch.ones(1, len(s.input_ids), dtype=torch.long))
+        got = reader[i]
+        assert torch.equal(got["input_ids"], s.input_ids)
+        assert torch.equal(got["loss_mask"], s.loss_mask.float())
+        assert got["aux_hidden"].shape == (len(s.input_ids), 3 * cfg.model.hidden_size)
+        # Padded batches vs one sample differ only by summation order.
+        torch.testing.assert_close(got["aux_hidden"], aux[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got["final_hidden"], final[0], rtol=1e-4, atol=1e-4)
+    head = reader.target_head()
+    torch.testing.assert_close(reader[0]["final_hidden"] @ head["lm_head"].T,
+                               model(reader[0]["input_ids"][None]).logits[0], rtol=1e-4, atol=1e-4)
+
+
+def test_interrupted_cache_resumes_to_the_same_result(tmp_path, monkeypatch):
+    ref_dir = ensure_cache(_cfg(tmp_path / "ref"))
+    cfg = _cfg(tmp_path / "resumed")
+    real = CacheWriter._write_shard
+    calls = {"n": 0}
+
+    def crash_after_one(self, *a, **k):
+        if calls["n"] == 1:
+            raise KeyboardInterrupt("simulated kill")
+        calls["n"] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(CacheWriter, "_write_shard", crash_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_cache(cfg)
+    monkeypatch.setattr(CacheWriter, "_write_shard", real)
+    written = []
+    monkeypatch.setattr(CacheWriter, "_write_shard",
+                        lambda self, *a, **k: written.append(a[-2]) or real(self, *a, **k))
+    cache_dir = ensure_cache(cfg)
+    assert written == ["shard-r000-000001.safetensors", "shard-r000-000002.safetensors"]
+    ref, got = CacheReader(ref_dir), CacheReader(cache_dir)
+    assert len(ref) == len(got)
+    for i in range(len(ref)):
+        for key, value in ref[i].items():
+            assert torch.equal(value, got[i][key]), (i, key)
+
+
+def test_complete_cache_is_reused_without_the_target(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    first = ensure_cache(cfg)
+    import specft.target as target_mod
+
+    monkeypatch.setattr(target_mod, "load_target", lambda *a, **k: pytest.fail("target loaded"))
+    assert ensure_cache(cfg) == first
+
+
+def test_mismatched_cache_is_refused_naming_the_field(tmp_path):
+    shared_dir = tmp_path / "one-cache"
+    ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}"))
+    with pytest.raises(SpecftError, match=r"quant\.name: cache has 'mxfp4', this run has 'fp8'"):
+        ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "quant=fp8"))
+    with pytest.raises(SpecftError, match=r"aux_layer_ids"):
+        ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "model.aux_layer_ids=[0,2,5]"))

@@ -1,0 +1,139 @@
+"""`specft train` end to end on the tiny models, as a user runs it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+from specft.cache import CacheReader
+
+RUN = "runs/tiny_qwen3-mxfp4-eagle3-kl"
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _cache_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("override, field, allowed", [
+    ("quant=foo", "quant", "bf16, fp8, mxfp4"),
+    ("model.aux_layer_ids=[1,3,99]", "model.aux_layer_ids", "0..7"),
+    ("trainer.zero_stage=7", "trainer.zero_stage", "0, 1, 2, 3"),
+    ("loss=nope", "loss", "kl"),
+])
+def test_invalid_value_is_one_line_exit_2_nothing_written(tmp_path, override, field, allowed):
+    proc = run_cli(["train", "model=tiny_qwen3", override], cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert field in lines[0] and allowed in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_tiny_qwen3_mxfp4_end_to_end_then_reuse(tmp_path):
+    t0 = time.time()
+    proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=30"], cwd=tmp_path)
+    elapsed = time.time() - t0
+    assert elapsed < 180, f"took {elapsed:.0f}s"
+    run_dir = tmp_path / RUN
+    (cache_dir,) = _cache_dirs(tmp_path / "cache")
+    manifest = json.loads((cache_dir / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["num_samples"] == 256
+    assert manifest["provenance"]["quant"]["name"] == "mxfp4"
+    assert (run_dir / "config.yaml").exists()
+    for ckpt in ("final", "step-0000030"):
+        assert (run_dir / "checkpoints" / ckpt / "draft.safetensors").exists()
+        assert (run_dir / "checkpoints" / ckpt / "config.yaml").exists()
+    m = _metrics(run_dir)
+    assert [r["step"] for r in m] == list(range(1, 31))
+    first, last = sum(r["loss"] for r in m[:5]) / 5, sum(r["loss"] for r in m[-5:]) / 5
+    assert last < first - 0.2, (first, last)
+
+    # Again: the cache is reused (no target forward, shards untouched), training is done.
+    mtimes = {p: p.stat().st_mtime_ns for p in cache_dir.iterdir()}
+    proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=30"], cwd=tmp_path)
+    assert "cache: reusing" in proc.stderr and "quant mxfp4" not in proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in cache_dir.iterdir()} == mtimes
+    assert "already complete" in proc.stderr
+
+
+def test_killed_training_resumes_exactly(tmp_path):
+    args = ["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=40", "trainer.save_every=10",
+            "data.num_samples=64", f"cache.root={tmp_path / 'cache'}"]
+    ref_dir, killed_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), killed_dir.mkdir()
+    run_cli(args, cwd=ref_dir)
+
+    proc = subprocess.Popen([sys.executable, "-m", "specft.cli", *args], cwd=killed_dir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    latest = killed_dir / RUN / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while not (latest.exists() and latest.read_text() >= "step-0000010") and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed_dir / RUN / "checkpoints" / "final").exists(), "finished before the kill"
+
+    out = run_cli(args, cwd=killed_dir)
+    assert "resumed from" in out.stderr
+    ref, got = _metrics(ref_dir / RUN), _metrics(killed_dir / RUN)
+    assert [r["step"] for r in got] == list(range(1, 41))
+    assert [r["loss"] for r in got] == [r["loss"] for r in ref]  # to the last digit
+
+
+def test_moe_target(tmp_path):
+    run_cli(["train", "model=tiny_qwen3_moe", "quant=mxfp4", "trainer.max_steps=10"], cwd=tmp_path)
+    run_dir = tmp_path / "runs/tiny_qwen3_moe-mxfp4-eagle3-kl"
+    assert len(_metrics(run_dir)) == 10
+    assert (run_dir / "checkpoints/final/draft.safetensors").exists()
+
+
+def test_two_ranks_write_the_same_cache_as_one(tmp_path):
+    common = ["model=tiny_qwen3", "quant=mxfp4", "data.num_samples=24", "cache.samples_per_shard=5"]
+    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    run_cli(["cache", *common], cwd=tmp_path / "one")
+    run_cli(["train", *common, "trainer.nproc=2", "trainer.max_steps=6"], cwd=tmp_path / "two")
+    (one,) = _cache_dirs(tmp_path / "one" / "cache")
+    (two,) = _cache_dirs(tmp_path / "two" / "cache")
+    assert one.name == two.name  # same provenance
+    assert {p.name for p in two.glob("shard-r001-*")}, "rank 1 wrote no shard"
+    a, b = CacheReader(one), CacheReader(two)
+    assert len(a) == len(b) == 24
+    for i in range(24):
+        x, y = a[i], b[i]
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
+        # bf16 storage; different batch padding may move the last bit.
+        torch.testing.assert_close(x["aux_hidden"], y["aux_hidden"], rtol=1e-2, atol=1e-2)
+    m = _metrics(tmp_path / "two" / "runs/tiny_qwen3-mxfp4-eagle3-kl")
+    assert [r["step"] for r in m] == list(range(1, 7))
+
+
+def test_multirun_runs_one_job_per_value(tmp_path):
+    run_cli(["train", "-m", "model=tiny_qwen3", "quant=bf16,mxfp4", "trainer.max_steps=3"], cwd=tmp_path)
+    finals = sorted(tmp_path.glob("runs/multirun/*/checkpoints/final/draft.safetensors"))
+    assert len(finals) == 2
+    quants = sorted(json.loads((f.parent / "draft_config.json").read_text())["quant"] for f in finals)
+    assert quants == ["bf16", "mxfp4"]
+
+
+def test_wandb_offline_run_holds_metrics(tmp_path):
+    run_cli(["train", "model=tiny_qwen3", "quant=bf16", "logger=wandb", "trainer.max_steps=3"], cwd=tmp_path)
+    (record,) = tmp_path.glob("runs/*/wandb/offline-run-*/run-*.wandb")
+    data = record.read_bytes()
+    # wandb 0.31 has no Python reader for its record log; history values are stored as
+    # their JSON text, so every logged loss must appear verbatim.
+    (metrics_file,) = tmp_path.glob("runs/*/metrics.jsonl")
+    losses = [json.loads(ln)["loss"] for ln in metrics_file.read_text().splitlines()]
+    assert len(losses) == 3 and b"acc_0" in data
+    assert all(json.dumps(v).encode() in data for v in losses)

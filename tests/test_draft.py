@@ -1,0 +1,89 @@
+"""EAGLE-3 head, draft vocabulary and the TTT objective against hand-computed cases."""
+
+import math
+
+import torch
+
+from specft.draft import Eagle3Config, Eagle3Draft, build_draft_vocab
+from specft.train.losses import kl_loss
+from specft.train.objective import TargetView, ttt_objective
+
+
+def test_draft_vocab_top_tokens_and_offsets():
+    counts = torch.tensor([0, 5, 1, 5, 0, 9, 2])
+    v = build_draft_vocab(counts, 3)
+    assert v.draft_to_target.tolist() == [1, 3, 5]  # ties (1, 3) both kept, sorted by id
+    assert v.d2t.tolist() == [1, 2, 3]
+    assert v.t2d.tolist() == [False, True, False, True, False, True, False]
+    assert math.isclose(v.coverage, 19 / 22)
+    big = build_draft_vocab(counts, 100)  # more slots than tokens: all tokens, no crash
+    assert big.size == 7 and big.t2d.all()
+    fill = build_draft_vocab(torch.tensor([0, 0, 3, 0]), 2)  # unseen tokens fill in id order
+    assert fill.draft_to_target.tolist() == [0, 2]
+
+
+def _draft(qk_norm=False):
+    torch.manual_seed(0)
+    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
+                     target_vocab_size=50, draft_vocab_size=20, rope_theta=10000.0, qk_norm=qk_norm)
+    return Eagle3Draft(c, torch.randn(50, 16), torch.arange(0, 40, 2))
+
+
+def _attend(q, k, v):
+    probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    return probs @ v
+
+
+def test_ttt_step_matches_chain_drafting_by_hand():
+    """Step 1 at position p must equal what chain drafting computes: the draft token at
+    position p+1, fed the step-0 hidden state, attending to step-0 keys 0..p and itself."""
+    for qk_norm in (False, True):
+        d = _draft(qk_norm)
+        layer, attn = d.midlayer, d.midlayer.self_attn
+        ids = torch.randint(0, 50, (1, 9))
+        aux = torch.randn(1, 9, 48)
+        with torch.no_grad():
+            logits = d(ids, aux, steps=2)
+            g = d.fc(aux)
+            x0 = torch.cat([layer.input_layernorm(d.embed_tokens(ids[:, 1:])),
+                            layer.hidden_norm(g[:, :8])], -1)
+            q0, k0, v0 = attn.qkv(x0, torch.arange(8))
+            p = 5
+            h0 = g[:, : p + 1] + attn.o_proj(_attend(q0[:, :, : p + 1], k0[:, :, : p + 1], v0[:, :, : p + 1])
+                                             .transpose(1, 2).reshape(1, p + 1, -1))
+            h0 = h0 + layer._mlp(layer.post_attention_layernorm(h0))
+            x1 = torch.cat([layer.input_layernorm(d.embed_tokens(ids[:, p + 2: p + 3])),
+                            layer.hidden_norm(h0[:, p: p + 1])], -1)
+            q1, k1, v1 = attn.qkv(x1, torch.tensor([p + 1]))
+            keys = torch.cat([k0[:, :, : p + 1], k1], 2)
+            vals = torch.cat([v0[:, :, : p + 1], v1], 2)
+            h1 = h0[:, p: p + 1] + attn.o_proj(_attend(q1, keys, vals).transpose(1, 2).reshape(1, 1, -1))
+            h1 = h1 + layer._mlp(layer.post_attention_layernorm(h1))
+            torch.testing.assert_close(logits[0][0, p], d.lm_head(d.norm(h0[0, p])))
+            torch.testing.assert_close(logits[1][0, p], d.lm_head(d.norm(h1[0, 0])))
+
+
+def test_kl_loss_hand_case():
+    p = torch.tensor([[0.5, 0.5, 0.0]])
+    q_logits = torch.log(torch.tensor([[0.25, 0.25, 0.5]]))
+    assert math.isclose(kl_loss(q_logits, p).item(), math.log(4), rel_tol=1e-6)
+
+
+def test_ttt_objective_shifts_and_masks_per_step():
+    # Sequence of 4 positions; target argmax at positions 0..3 = [7, 1, 2, 3].
+    vd = 3
+    draft_to_target = torch.tensor([1, 2, 3])
+    probs = torch.eye(vd)[[0, 0, 1, 2]][None]  # target at pos 1,2,3 -> draft ids 0,1,2
+    view = TargetView(probs=probs, argmax=torch.tensor([[7, 1, 2, 3]]),
+                      predicts_assistant=torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+                      in_draft_vocab=torch.tensor([[0.0, 1.0, 1.0, 1.0]]))
+    perfect = torch.full((1, 4, vd), -30.0)
+    perfect[0, 0, 0] = perfect[0, 1, 1] = 30.0  # step 0 at p predicts target at p+1
+    step1 = torch.full((1, 4, vd), -30.0)
+    step1[0, 0, 0] = 30.0  # wrong: step 1 at p=0 should match target at 2 (draft id 1)
+    res = ttt_objective([perfect, step1], view, draft_to_target, kl_loss, 0.8)
+    # Step 0 scores positions 0,1 (valid at targets 1,2); position 2's target (3) is not an
+    # assistant prediction.
+    assert res.step_tokens == [2, 1] and res.step_acc == [1.0, 0.0]
+    assert res.step_losses[0] < 1e-6 and math.isclose(res.step_losses[1], 60.0, rel_tol=1e-4)
+    assert math.isclose(res.loss.item(), res.step_losses[0] + 0.8 * res.step_losses[1], rel_tol=1e-6)

@@ -1,0 +1,93 @@
+"""Element formats and scaling against ml_dtypes (an independent oracle) and hand cases."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from specft.quant import TensorQuantSpec, fake_quant, fake_quant_ste, get_format
+from specft.quant.fake_quant import mx_shared_exponent
+
+ORACLES = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2,
+           "e2m1": ml_dtypes.float4_e2m1fn}
+
+
+def _all_values(np_dtype):
+    """Every finite value of a <=8-bit ml_dtypes format, from its bit patterns."""
+    n = 16 if np_dtype == ml_dtypes.float4_e2m1fn else 256  # FP4 sits in a byte's low bits
+    vals = np.arange(n, dtype=np.uint8).view(np_dtype).astype(np.float64)
+    return vals[np.isfinite(vals)]
+
+
+@pytest.mark.parametrize("name", sorted(ORACLES))
+def test_every_representable_value_round_trips(name):
+    vals = torch.from_numpy(_all_values(ORACLES[name]))
+    assert torch.equal(get_format(name).round(vals), vals)
+
+
+@pytest.mark.parametrize("name", sorted(ORACLES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_random_values_match_ml_dtypes(name, dtype):
+    fmt = get_format(name)
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([
+        torch.randn(20000, generator=g, dtype=dtype) * fmt.max_value / 4,
+        torch.rand(5000, generator=g, dtype=dtype) * 2 ** -8,  # subnormal territory
+        torch.tensor([0.0, -0.0, fmt.max_value * 1.5, -fmt.max_value * 3, float("inf"),
+                      float("-inf")], dtype=dtype),
+    ])
+    ours = fmt.round(x)
+    clamped = x.clamp(-fmt.max_value, fmt.max_value).numpy()  # saturate, then cast
+    oracle = torch.from_numpy(clamped.astype(ORACLES[name]).astype(np.float64)).to(dtype)
+    assert torch.equal(ours, oracle)
+    nan = fmt.round(torch.tensor([float("nan")], dtype=dtype))
+    assert torch.isnan(nan).all()
+
+
+def test_e8m0_scales_are_exact_powers_of_two():
+    amax = torch.tensor([1.0, 1.5, 1.75, 6.0, 7.9, 0.01, 448.0])
+    exp = mx_shared_exponent(amax, get_format("e2m1"), "floor")
+    # floor(log2 amax) - 2 (E2M1's emax), the OCP rule
+    assert exp.tolist() == [-2, -2, -2, 0, 0, -9, 6]
+    assert mx_shared_exponent(amax, get_format("e2m1"), "ceil").tolist() == [-2, -2, -1, 0, 1, -9, 7]
+    for e in exp.tolist():
+        assert float(np.float32(2.0 ** e).astype(ml_dtypes.float8_e8m0fnu)) == 2.0 ** e
+
+
+def test_mxfp4_floor_rule_clips_large_mantissa():
+    # amax 7.5 = 1.875 * 2^2: the floor rule picks scale 2^0, so 7.5 saturates to 6.
+    x = torch.zeros(32)
+    x[0], x[1], x[2] = 7.5, 2.4, -0.3
+    q = fake_quant(x, TensorQuantSpec("e2m1", "mx", 32, "floor"))
+    assert q[:3].tolist() == [6.0, 2.0, -0.5]
+    # 1.4 * 2^2 = 5.6 has mantissa below 1.5: representable, rounds to 6 without clipping.
+    x[0] = 5.6
+    q = fake_quant(x, TensorQuantSpec("e2m1", "mx", 32, "floor"))
+    assert q[0].item() == 6.0
+    q = fake_quant(torch.full((32,), 7.5), TensorQuantSpec("e2m1", "mx", 32, "ceil"))
+    assert q[0].item() == 8.0  # ceil scale 2^1: 3.75 -> 4 (ties to even) * 2
+
+
+def test_mx_blocks_are_independent_along_last_dim():
+    x = torch.ones(2, 64)
+    x[0, 40] = 100.0  # only the second block of row 0 has a large value
+    q = fake_quant(x, TensorQuantSpec("e2m1", "mx", 32, "floor"))
+    assert torch.equal(q[0, :32], torch.ones(32))
+    assert torch.equal(q[1], torch.ones(64))
+    assert q[0, 41].item() == 0.0  # 1 / 2^4 scale -> 0.0625 rounds to 0 in E2M1
+
+
+def test_per_channel_fp8_matches_manual_scaling():
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    q = fake_quant(w, TensorQuantSpec("e4m3", "channel"))
+    scale = w.abs().amax(-1, keepdim=True) / 448.0
+    ref = torch.from_numpy((w / scale).numpy().astype(ml_dtypes.float8_e4m3fn).astype(np.float64)) * scale
+    assert torch.equal(q, ref)
+    assert torch.equal(q.abs().amax(-1), w.abs().amax(-1))  # amax maps to 448 exactly
+
+
+def test_straight_through_gradient_is_zero_only_where_clipped():
+    x = torch.tensor([[7.5, 2.4] + [0.1] * 30], requires_grad=True)
+    fake_quant_ste(x, TensorQuantSpec("e2m1", "mx", 32, "floor")).sum().backward()
+    assert x.grad[0, 0].item() == 0.0  # clipped at 6
+    assert torch.all(x.grad[0, 1:] == 1.0)
