@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,10 +125,10 @@ def _absolute_paths(cfg: DictConfig) -> None:
 
 def _task(command: str):
     def task(hydra_cfg: DictConfig) -> None:
-        from specft.config import to_schema
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
+        from specft.config import to_schema
         from specft.launch import launch_ranks, run_subprocess_rank
         from specft.worker import run
 

@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from helpers import root_cfg
 from specft.cache import CacheReader, ensure_cache
 from specft.cache.writer import CacheWriter
 from specft.config import aux_layer_ids
@@ -13,6 +12,8 @@ from specft.data import load_samples
 from specft.errors import SpecftError
 from specft.quant import apply_quant
 from specft.target import FeatureCapture, load_target
+
+from helpers import root_cfg
 
 
 def _cfg(tmp_path, *extra):

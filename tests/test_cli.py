@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
 from specft.cache import CacheReader
+
+from conftest import run_cli
 
 RUN = "runs/tiny_qwen3-mxfp4-eagle3-kl"
 

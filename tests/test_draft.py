@@ -16,10 +16,12 @@ def test_draft_vocab_top_tokens_and_offsets():
     assert v.d2t.tolist() == [1, 2, 3]
     assert v.t2d.tolist() == [False, True, False, True, False, True, False]
     assert math.isclose(v.coverage, 19 / 22)
-    big = build_draft_vocab(counts, 100)  # more slots than tokens: all tokens, no crash
-    assert big.size == 7 and big.t2d.all()
-    fill = build_draft_vocab(torch.tensor([0, 0, 3, 0]), 2)  # unseen tokens fill in id order
-    assert fill.draft_to_target.tolist() == [0, 2]
+    seen = build_draft_vocab(counts, 100)  # more slots than distinct tokens: the seen ones
+    assert seen.draft_to_target.tolist() == [1, 2, 3, 5, 6] and seen.coverage == 1.0
+    full = build_draft_vocab(counts, 100, fill_unseen=True)
+    assert full.size == 7 and full.t2d.all()
+    fill = build_draft_vocab(torch.tensor([0, 0, 3, 0]), 2, fill_unseen=True)
+    assert fill.draft_to_target.tolist() == [0, 2]  # unseen tokens fill in id order
 
 
 def _draft(qk_norm=False):

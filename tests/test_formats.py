@@ -91,3 +91,10 @@ def test_straight_through_gradient_is_zero_only_where_clipped():
     fake_quant_ste(x, TensorQuantSpec("e2m1", "mx", 32, "floor")).sum().backward()
     assert x.grad[0, 0].item() == 0.0  # clipped at 6
     assert torch.all(x.grad[0, 1:] == 1.0)
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_generic_rounding_matches_torch_native_cast(name):
+    fmt = get_format(name)
+    x = torch.randn(50000, generator=torch.Generator().manual_seed(2)) * fmt.max_value / 8
+    assert torch.equal(fmt.round_generic(x), fmt.round(x))

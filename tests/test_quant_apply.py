@@ -5,9 +5,10 @@ import copy
 import pytest
 import torch
 
-from helpers import model_cfg, quant_cfg
 from specft.quant import apply_quant, fake_quant
 from specft.target import load_target
+
+from helpers import model_cfg, quant_cfg
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,14 @@ class DraftVocab:
         return len(self.draft_to_target)
 
 
-def build_draft_vocab(counts: torch.Tensor, size: int) -> DraftVocab:
+def build_draft_vocab(counts: torch.Tensor, size: int, fill_unseen: bool = False) -> DraftVocab:
     """Top-``size`` tokens by count (ties: lower id first). When the data has fewer
-    distinct tokens than ``size``, unseen tokens fill the rest in id order."""
+    distinct tokens than ``size``, the vocab shrinks to the tokens seen (a head row for a
+    token never seen in training only learns to say no, and costs FLOPs on every
+    position), unless ``fill_unseen`` pads it with unseen tokens in id order."""
     vocab = counts.numel()
-    size = min(size, vocab)
+    seen = int((counts > 0).sum())
+    size = min(size, vocab if fill_unseen or seen == 0 else seen)
     ids = torch.arange(vocab)
     # Stable sort on -count keeps ascending ids among equal counts.
     order = torch.sort(-counts.long(), stable=True).indices

