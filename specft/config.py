@@ -11,7 +11,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specft.errors import ConfigError
 from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
-from specft.quant.formats import ELEMENT_FORMATS
+from specft.quant.formats import ELEMENT_FORMATS, FloatFormat, IntFormat
+from specft.quant.spec import QuantConfig
 
 MODEL_SOURCES = ("hf", "gguf", "tiny", "smollm2_package")
 MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
@@ -40,15 +41,6 @@ class ModelConfig:
     # 0-based decoder layers whose outputs feed the draft; null: EAGLE-3's 1, N//2-1, N-4.
     aux_layer_ids: list[int] | None = None
     dtype: str = "float32"
-
-
-@dataclass
-class QuantConfig:
-    name: str = MISSING
-    weight: TensorQuantSpec | None = None
-    activation: TensorQuantSpec | None = None
-    # Module-name globs kept in high precision (lm_head, embeddings, MoE router).
-    exclude: list[str] = field(default_factory=lambda: ["lm_head", "*embed_tokens*", "*.mlp.gate"])
 
 
 @dataclass
@@ -186,14 +178,27 @@ def validate_model(m: ModelConfig) -> None:
                               f"allowed: 0..{m.num_layers - 1} ({m.name} has {m.num_layers} layers)")
 
 
+# Hardware block formats need whole blocks along the reduction dim; group and block
+# scales pad a partial last group, as serving kernels do.
+HARDWARE_BLOCK_SCHEMES = ("mx", "nvfp4")
+
+
 def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig) -> None:
     _choice(spec.format, sorted(ELEMENT_FORMATS), f"{prefix}.format")
     _choice(spec.scheme, SCHEMES, f"{prefix}.scheme")
+    fmt = ELEMENT_FORMATS[spec.format]
     if spec.scheme == "mx":
         _choice(spec.scale_rule, MX_SCALE_RULES, f"{prefix}.scale_rule")
-        if spec.format.startswith("int"):
-            raise ConfigError(f"{prefix}.format: MX blocks need a float element format, got {spec.format!r}")
-        _positive(spec.block_size, f"{prefix}.block_size")
+        if not isinstance(fmt, FloatFormat):
+            raise ConfigError(f"{prefix}.format: MX blocks need e4m3, e5m2 or e2m1, got {spec.format!r}")
+    if spec.scheme == "nvfp4" and spec.format != "e2m1":
+        raise ConfigError(f"{prefix}.format: nvfp4 uses e2m1 elements, got {spec.format!r}")
+    if not spec.symmetric and not isinstance(fmt, IntFormat):
+        raise ConfigError(f"{prefix}.symmetric: asymmetric (zero point) needs int4 or int8, got {spec.format!r}")
+    if not spec.dynamic and spec.scheme != "tensor":
+        raise ConfigError(f"{prefix}.dynamic: static scales are per tensor; set scheme=tensor, got {spec.scheme!r}")
+    _positive(spec.block_size, f"{prefix}.block_size")
+    if spec.scheme in HARDWARE_BLOCK_SCHEMES:
         for dim_name in ("hidden_size", "intermediate_size"):
             dim = getattr(model, dim_name)
             if dim % spec.block_size:
@@ -206,6 +211,12 @@ def validate(cfg: RootConfig) -> None:
         _validate_tensor_spec(cfg.quant.weight, "quant.weight", cfg.model)
     if cfg.quant.activation is not None:
         _validate_tensor_spec(cfg.quant.activation, "quant.activation", cfg.model)
+        if cfg.quant.activation.scheme == "block":
+            raise ConfigError("quant.activation.scheme: block (B x B) scales are for weights; "
+                              "use group for activations")
+    if cfg.quant.kv is not None:
+        _validate_tensor_spec(cfg.quant.kv, "quant.kv", cfg.model)
+        _choice(cfg.quant.kv.scheme, ("tensor", "token"), "quant.kv.scheme")
     _choice(cfg.cache.dtype, CACHE_DTYPES, "cache.dtype")
     _positive(cfg.cache.samples_per_shard, "cache.samples_per_shard")
     _positive(cfg.cache.batch_size, "cache.batch_size")

@@ -30,7 +30,7 @@ def test_cache_round_trip_matches_the_quantized_target(tmp_path):
     assert manifest["complete"] and manifest["num_samples"] == 10 == len(reader)
     assert len(manifest["shards"]) == 3 and manifest["aux_layer_ids"] == [1, 3, 4]
     model, tok = load_target(cfg.model)
-    apply_quant(model, cfg.quant.weight, cfg.quant.activation, cfg.quant.exclude)
+    apply_quant(model, cfg.quant)
     capture = FeatureCapture(model, aux_layer_ids(cfg.model))
     samples = load_samples(cfg.data, tok)
     for i in (0, 5, 9):

@@ -1,6 +1,7 @@
 """Applying quant configs to real (tiny) Qwen3 and Qwen3-MoE models."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -22,8 +23,7 @@ def tiny_moe():
 
 
 def _apply(model, name):
-    q = quant_cfg(name)
-    return apply_quant(model, q.weight, q.activation, q.exclude)
+    return apply_quant(model, quant_cfg(name))
 
 
 def test_mxfp4_quantizes_every_linear_but_lm_head(tiny_dense):
@@ -47,9 +47,9 @@ def test_mxfp4_quantizes_every_linear_but_lm_head(tiny_dense):
 def test_activation_quant_runs_on_the_fly(tiny_dense):
     model = copy.deepcopy(tiny_dense[0])
     q = quant_cfg("fp8")
-    apply_quant(model, q.weight, None, q.exclude)
+    apply_quant(model, dataclasses.replace(q, activation=None))
     weight_only = copy.deepcopy(model)
-    apply_quant(model, None, q.activation, q.exclude)
+    apply_quant(model, dataclasses.replace(q, weight=None))
     ids = torch.randint(0, 500, (2, 12))
     seen = {}
     proj = model.model.layers[0].self_attn.q_proj
@@ -80,7 +80,7 @@ def test_moe_experts_are_quantized_and_router_is_kept(tiny_moe):
 def test_moe_expert_inputs_see_activation_quant(tiny_moe):
     model = copy.deepcopy(tiny_moe[0])
     q = quant_cfg("mxfp4")
-    apply_quant(model, q.weight, q.activation, q.exclude)
+    apply_quant(model, q)
     experts = model.model.layers[0].mlp.experts
     h = torch.randn(5, model.config.hidden_size)
     idx = torch.tensor([[0, 1], [1, 2], [3, 0], [2, 3], [0, 2]])

@@ -3,19 +3,48 @@
 Covers every ``nn.Linear`` and the fused 3-D expert weights that transformers 5.x gives
 Qwen3-MoE (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``), which are not Linear
 modules: their weights are quantized along the last (reduction) dimension, and their
-forward is replaced by one that quantizes each expert's inputs too.
+forward is replaced by one that quantizes each expert's inputs too. The KV cache is
+quantized inside an attention function registered with transformers, so keys are
+quantized after RoPE, as serving engines store them.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import types
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from specft.quant.fake_quant import TensorQuantSpec, fake_quant
+from specft.quant.fake_quant import TensorQuantSpec, fake_quant, static_scale
+from specft.quant.spec import QuantConfig
+
+
+class ActivationQuantizer:
+    """Quantizes one tensor stream. Dynamic specs compute scales per call; static specs
+    record the running amax while calibrating, then use the frozen per-tensor scale."""
+
+    def __init__(self, spec: TensorQuantSpec):
+        self.spec = spec
+        self.calibrating = not spec.dynamic
+        self.amax = torch.zeros(())
+        self.scale: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.spec.dynamic:
+            return fake_quant(x, self.spec)
+        if self.calibrating:
+            self.amax = torch.maximum(self.amax, x.detach().abs().amax().float().cpu())
+            return x
+        if self.scale is None:
+            raise RuntimeError("static activation scale used before calibration")
+        return fake_quant(x, self.spec, self.scale.to(x.device))
+
+    def freeze(self) -> None:
+        self.calibrating = False
+        self.scale = static_scale(self.amax, self.spec)
 
 
 @dataclass
@@ -28,6 +57,8 @@ class LayerReport:
 @dataclass
 class QuantReport:
     layers: list[LayerReport] = field(default_factory=list)
+    quantizers: list[ActivationQuantizer] = field(default_factory=list, repr=False)
+    kv_quantized: bool = False
 
     @property
     def quantized(self) -> list[LayerReport]:
@@ -41,8 +72,13 @@ class QuantReport:
         errs = [r.weight_rel_mse for r in self.quantized if r.weight_rel_mse is not None]
         mean = sum(errs) / len(errs) if errs else 0.0
         kept = ", ".join(r.name for r in self.kept) or "none"
+        kv = "; KV cache quantized" if self.kv_quantized else ""
         return (f"quantized {len(self.quantized)} layers (mean weight rel. MSE {mean:.3e}); "
-                f"kept in high precision: {kept}")
+                f"kept in high precision: {kept}{kv}")
+
+    def to_dict(self) -> dict:
+        return {"layers": [vars(r) for r in self.layers], "kv_quantized": self.kv_quantized,
+                "static_scales": [float(q.scale) for q in self.quantizers if q.scale is not None]}
 
 
 def _rel_mse(ref: torch.Tensor, q: torch.Tensor) -> float:
@@ -59,20 +95,13 @@ def _quantize_param_(param: nn.Parameter, spec: TensorQuantSpec) -> float:
     return err
 
 
-def _activation_hook(spec: TensorQuantSpec):
-    def hook(module, args):
-        return (fake_quant(args[0], spec), *args[1:])
-
-    return hook
-
-
 def _is_fused_experts(module: nn.Module) -> bool:
     gu = getattr(module, "gate_up_proj", None)
     down = getattr(module, "down_proj", None)
     return isinstance(gu, nn.Parameter) and gu.dim() == 3 and isinstance(down, nn.Parameter)
 
 
-def _quantized_experts_forward(spec: TensorQuantSpec):
+def _quantized_experts_forward(quant_in: ActivationQuantizer, quant_mid: ActivationQuantizer):
     """The Qwen3-MoE experts loop with each expert GEMM's input quantized."""
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
@@ -81,9 +110,9 @@ def _quantized_experts_forward(spec: TensorQuantSpec):
             if expert >= self.num_experts:
                 continue
             token_idx, slot = torch.where(top_k_index == expert)
-            x = fake_quant(hidden_states[token_idx], spec)
+            x = quant_in(hidden_states[token_idx])
             gate, up = nn.functional.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = fake_quant(self.act_fn(gate) * up, spec)
+            h = quant_mid(self.act_fn(gate) * up)
             h = nn.functional.linear(h, self.down_proj[expert])
             h = h * top_k_weights[token_idx, slot, None]
             out.index_add_(0, token_idx, h.to(out.dtype))
@@ -99,35 +128,83 @@ def _untie_lm_head(model: nn.Module) -> None:
         head.weight = nn.Parameter(emb.weight.detach().clone())
 
 
-def apply_quant(model: nn.Module, weight: TensorQuantSpec | None,
-                activation: TensorQuantSpec | None, exclude: list[str]) -> QuantReport:
+def _install_kv_quant(model: nn.Module, spec: TensorQuantSpec, report: QuantReport) -> None:
+    """Wrap the model's attention function so keys (after RoPE) and values are quantized
+    before attention reads them. Per-token scales are idempotent, so re-quantizing past
+    cache entries at every step changes nothing."""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    base_name = model.config._attn_implementation or "sdpa"
+    base = ALL_ATTENTION_FUNCTIONS[base_name] if base_name != "eager" else None
+    quant_k, quant_v = ActivationQuantizer(spec), ActivationQuantizer(spec)
+    report.quantizers += [quant_k, quant_v]
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        key, value = quant_k(key), quant_v(value)
+        if base is None:
+            from transformers.models.llama.modeling_llama import eager_attention_forward
+
+            return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return base(module, query, key, value, attention_mask, **kwargs)
+
+    name = f"specft_kv_{id(model)}"
+    AttentionInterface.register(name, attention)
+    model.set_attn_implementation(name)
+    report.kv_quantized = True
+
+
+def apply_quant(model: nn.Module, cfg: QuantConfig) -> QuantReport:
     """Quantize ``model`` in place; modules whose name matches an ``exclude`` glob stay
-    in high precision. Returns what was quantized and the weight error per layer."""
+    in high precision. Returns what was quantized and the weight error per layer; static
+    activation scales still need ``calibrate``."""
     report = QuantReport()
-    if weight is None and activation is None:
+    if cfg.weight is None and cfg.activation is None and cfg.kv is None:
         return report
-    if not any(fnmatch.fnmatch("lm_head", pat) for pat in exclude):
+    if not any(fnmatch.fnmatch("lm_head", pat) for pat in cfg.exclude):
         _untie_lm_head(model)  # quantizing a tied head must not touch the embeddings
     for name, module in model.named_modules():
         is_linear = isinstance(module, nn.Linear)
         is_experts = _is_fused_experts(module)
         if not (is_linear or is_experts):
             continue
-        if any(fnmatch.fnmatch(name, pat) for pat in exclude):
+        if any(fnmatch.fnmatch(name, pat) for pat in cfg.exclude):
             report.layers.append(LayerReport(name, "kept"))
             continue
         if is_linear:
-            err = _quantize_param_(module.weight, weight) if weight else None
-            if activation is not None:
-                module.register_forward_pre_hook(_activation_hook(activation))
+            err = _quantize_param_(module.weight, cfg.weight) if cfg.weight else None
+            if cfg.activation is not None:
+                quant = ActivationQuantizer(cfg.activation)
+                report.quantizers.append(quant)
+                module.register_forward_pre_hook(lambda m, args, q=quant: (q(args[0]), *args[1:]))
             report.layers.append(LayerReport(name, "linear", err))
         else:
             err = None
-            if weight is not None:
-                errs = [_quantize_param_(module.gate_up_proj, weight),
-                        _quantize_param_(module.down_proj, weight)]
-                err = sum(errs) / 2
-            if activation is not None:
-                module.forward = types.MethodType(_quantized_experts_forward(activation), module)
+            if cfg.weight is not None:
+                err = (_quantize_param_(module.gate_up_proj, cfg.weight)
+                       + _quantize_param_(module.down_proj, cfg.weight)) / 2
+            if cfg.activation is not None:
+                q_in, q_mid = ActivationQuantizer(cfg.activation), ActivationQuantizer(cfg.activation)
+                report.quantizers += [q_in, q_mid]
+                module.forward = types.MethodType(_quantized_experts_forward(q_in, q_mid), module)
             report.layers.append(LayerReport(name, "experts", err))
+    if cfg.kv is not None:
+        _install_kv_quant(model, cfg.kv, report)
     return report
+
+
+@contextmanager
+def calibrating(report: QuantReport):
+    """Inside: static quantizers record amax and pass values through. On exit: frozen."""
+    yield
+    for q in report.quantizers:
+        if q.calibrating:
+            q.freeze()
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, report: QuantReport, batches) -> None:
+    """Run ``batches`` (dicts of model inputs) to fix static activation scales."""
+    with calibrating(report):
+        for batch in batches:
+            model(**batch)

@@ -1,11 +1,20 @@
 """Fake quantization: quantize onto a format's grid and back, in the input's precision.
 
-Schemes say where the scale comes from:
-- ``tensor``: one fp32 scale, amax / max_value.
-- ``channel`` / ``token``: one scale per row of the last dimension (a weight's output
-  channel, an activation's token). Both reduce over the last (reduction) dimension.
-- ``mx``: OCP MX 1.0 blocks of ``block_size`` along the last dimension, one E8M0
-  (power-of-two) scale per block, computed by ``scale_rule``.
+Schemes (registry ``SCHEMES``) say where scales come from. All reduce along the last
+dimension, which is the reduction (input) dimension of a Linear weight [out, in] and of
+an activation [..., in]:
+
+- ``tensor``: one fp32 scale for the whole tensor.
+- ``channel`` / ``token``: one scale per row (a weight's output channel, a token).
+- ``group``: one scale per 1 x ``block_size`` group along the last dim (INT4 g128).
+- ``block``: one scale per ``block_size`` x ``block_size`` tile of the last two dims
+  (DeepSeek-V3 style 128 x 128 weight blocks).
+- ``mx``: OCP MX 1.0, ``block_size`` (32) elements share an E8M0 power-of-two scale,
+  chosen by ``scale_rule`` (see ``mx_shared_exponent``).
+- ``nvfp4``: 16-element blocks with an E4M3 block scale times an fp32 tensor scale.
+
+Integer formats may be asymmetric (``symmetric: false``): a scale and an integer zero
+point per scale group, values on [0, 2**bits - 1].
 """
 
 from __future__ import annotations
@@ -13,107 +22,199 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from specft.quant.formats import FloatFormat, get_format
+from specft.quant.formats import ELEMENT_FORMATS, FloatFormat, IntFormat, get_format
 
-SCHEMES = ("tensor", "channel", "token", "mx")
-MX_SCALE_RULES = ("floor", "ceil")
+MX_SCALE_RULES = ("floor", "even", "ceil", "rceil")
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
 
 
 @dataclass
 class TensorQuantSpec:
-    """How one kind of tensor (weights, activations) is quantized."""
+    """How one kind of tensor (weights, activations, KV cache) is quantized."""
 
     format: str = "e4m3"
     scheme: str = "channel"
-    block_size: int = 32
-    scale_rule: str = "floor"
+    block_size: int = 32  # group: G; block: B (B x B); mx: 32; nvfp4: 16
+    scale_rule: str = "floor"  # mx only
+    symmetric: bool = True  # integer formats only
+    dynamic: bool = True  # activations: false = a static per-tensor scale, calibrated
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _absmax_scale(x: torch.Tensor, max_value: float, dim: int | None) -> torch.Tensor:
-    amax = x.abs().amax() if dim is None else x.abs().amax(dim=dim, keepdim=True)
-    amax = torch.nan_to_num(amax, nan=0.0, posinf=torch.finfo(x.dtype).max)
-    scale = amax / max_value
+def _finite_amax(x: torch.Tensor, dims) -> torch.Tensor:
+    amax = x.abs().amax(dim=dims, keepdim=True)
+    return torch.nan_to_num(amax, nan=0.0, posinf=torch.finfo(x.dtype).max)
+
+
+def _nonzero(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
+# -- grouping: view x so that each scale group is reduced over `dims` -------------------
+
+def _pad_last(x: torch.Tensor, multiple: int, dim: int = -1) -> torch.Tensor:
+    pad = (-x.shape[dim]) % multiple
+    if not pad:
+        return x
+    widths = [0, 0] * (-dim - 1) + [0, pad]
+    return F.pad(x, widths)
+
+
+def _grouped(x: torch.Tensor, spec: TensorQuantSpec):
+    """(view of x with scale groups, dims to reduce, fn mapping the view back to x)."""
+    shape = x.shape
+    if spec.scheme == "tensor":
+        return x, tuple(range(x.dim())), lambda y: y
+    if spec.scheme in ("channel", "token"):
+        return x, (-1,), lambda y: y
+    if spec.scheme in ("group", "mx", "nvfp4"):
+        xp = _pad_last(x, spec.block_size)
+        v = xp.reshape(*xp.shape[:-1], -1, spec.block_size)
+        return v, (-1,), lambda y: y.reshape(xp.shape)[..., : shape[-1]]
+    if spec.scheme == "block":
+        if x.dim() < 2:
+            raise ValueError("block scaling needs a tensor with at least 2 dims")
+        b = spec.block_size
+        xp = _pad_last(_pad_last(x, b, -1), b, -2)
+        r, c = xp.shape[-2:]
+        v = xp.reshape(*xp.shape[:-2], r // b, b, c // b, b)
+        return v, (-3, -1), lambda y: y.reshape(xp.shape)[..., : shape[-2], : shape[-1]]
+    raise ValueError(f"unknown quant scheme {spec.scheme!r}; known: {', '.join(SCHEMES)}")
+
+
+# -- scale computation -------------------------------------------------------------------
+
 def mx_shared_exponent(amax: torch.Tensor, fmt: FloatFormat, rule: str) -> torch.Tensor:
-    """E8M0 exponent per block. ``floor`` is the OCP rule: floor(log2 amax) - emax, which
-    can clip the block's largest element; ``ceil`` picks the smallest power of two that
-    keeps amax representable."""
+    """E8M0 exponent per block from the block's amax:
+
+    - ``floor`` (OCP MX 1.0, Ascend scaleAlg=0): floor(log2 amax) - emax. Cheap, but a
+      block whose amax mantissa exceeds the element format's max mantissa (1.5 for
+      E2M1) has its largest elements clipped.
+    - ``even``: amax first rounded to the element's mantissa width (half up), then the
+      floor rule, so amax never clips by more than rounding would.
+    - ``ceil``: ceil(log2 amax) - emax (a power of two amax keeps the floor result).
+    - ``rceil``: amax / max_value rounded up to a power of two (cuBLAS / Blackwell
+      cvt.rp): the smallest scale at which no element clips.
+    """
     if rule == "floor":
         _, e = torch.frexp(amax)
         exp = e - 1 - fmt.emax
+    elif rule == "even":
+        m, e = torch.frexp(amax)  # amax = m * 2**e, m in [0.5, 1)
+        step = 2.0 ** -(fmt.mbits + 1)
+        rounded = torch.floor(m / step + 0.5) * step  # may reach 1.0: next binade
+        exp = e - 1 - fmt.emax + (rounded >= 1.0).to(e.dtype)
     elif rule == "ceil":
-        exp = torch.ceil(torch.log2(amax / fmt.max_value)).to(torch.int32)
+        m, e = torch.frexp(amax)
+        exp = e - 1 - fmt.emax + (m > 0.5).to(e.dtype)
+    elif rule == "rceil":
+        m, e = torch.frexp(amax / fmt.max_value)
+        exp = e - 1 + (m > 0.5).to(e.dtype)
     else:
         raise ValueError(f"unknown MX scale rule {rule!r}; known: {', '.join(MX_SCALE_RULES)}")
     exp = torch.where(amax > 0, exp, torch.full_like(exp, E8M0_MIN_EXP))
     return exp.clamp(E8M0_MIN_EXP, E8M0_MAX_EXP)
 
 
-def _fake_quant_mx(x: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
-    fmt = get_format(spec.format)
+def _absmax_scale(v, dims, spec, fmt, x_full):
+    return _nonzero(_finite_amax(v, dims) / fmt.max_value)
+
+
+def _mx_scale(v, dims, spec, fmt, x_full):
     if not isinstance(fmt, FloatFormat):
         raise ValueError(f"MX blocks need a float element format, got {spec.format!r}")
-    n = x.shape[-1]
-    pad = (-n) % spec.block_size
-    xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
-    blocks = xp.reshape(*xp.shape[:-1], -1, spec.block_size)
-    amax = torch.nan_to_num(blocks.abs().amax(dim=-1, keepdim=True), nan=0.0)
-    scale = torch.exp2(mx_shared_exponent(amax, fmt, spec.scale_rule).to(x.dtype))
-    scaled = blocks / scale
-    q = (fmt.round(scaled) * scale).reshape(xp.shape)
-    clipped = (scaled.abs() > fmt.clip_threshold).reshape(xp.shape)
-    return (q[..., :n], clipped[..., :n]) if pad else (q, clipped)
+    amax = _finite_amax(v, dims)
+    return torch.exp2(mx_shared_exponent(amax, fmt, spec.scale_rule).to(v.dtype))
 
 
-def _fake_quant_absmax(x: torch.Tensor, spec: TensorQuantSpec):
-    fmt = get_format(spec.format)
-    scale = _absmax_scale(x, fmt.max_value, None if spec.scheme == "tensor" else -1)
-    scaled = x / scale
+NVFP4_BLOCK_SCALE = ELEMENT_FORMATS["e4m3"]
+
+
+def _nvfp4_scale(v, dims, spec, fmt, x_full):
+    """Block scale amax_b / 6 stored in E4M3 relative to a tensor scale that maps the
+    tensor's amax onto E4M3's range: s_t = amax_t / (448 * 6)."""
+    tensor_scale = _nonzero(_finite_amax(x_full, tuple(range(x_full.dim()))) /
+                            (NVFP4_BLOCK_SCALE.max_value * fmt.max_value))
+    block = NVFP4_BLOCK_SCALE.round(_finite_amax(v, dims) / fmt.max_value / tensor_scale)
+    return _nonzero(block) * tensor_scale  # an all-zero block quantizes to 0 anyway
+
+
+_SCALE_FNS = {"tensor": _absmax_scale, "channel": _absmax_scale, "token": _absmax_scale,
+              "group": _absmax_scale, "block": _absmax_scale, "mx": _mx_scale,
+              "nvfp4": _nvfp4_scale}
+SCHEMES = tuple(_SCALE_FNS)
+
+
+# -- quantization --------------------------------------------------------------------------
+
+def _quantize_symmetric(v, scale, fmt):
+    scaled = v / scale
     return fmt.round(scaled) * scale, scaled.abs() > fmt.clip_threshold
 
 
-_SCHEME_FNS = {"tensor": _fake_quant_absmax, "channel": _fake_quant_absmax,
-               "token": _fake_quant_absmax, "mx": _fake_quant_mx}
+def _quantize_asymmetric(v, dims, fmt: IntFormat):
+    lo = torch.nan_to_num(v.amin(dim=dims, keepdim=True)).clamp(max=0)
+    hi = torch.nan_to_num(v.amax(dim=dims, keepdim=True)).clamp(min=0)
+    scale = _nonzero((hi - lo) / fmt.levels)
+    zero_point = torch.round(-lo / scale)
+    q = (torch.round(v / scale) + zero_point).clamp(0, fmt.levels)
+    return (q - zero_point) * scale, torch.zeros_like(v, dtype=torch.bool)
 
 
-def quantize_with_clip_mask(x: torch.Tensor, spec: TensorQuantSpec):
-    """(fake-quantized x in x's dtype, bool mask of elements clipped by saturation)."""
-    try:
-        fn = _SCHEME_FNS[spec.scheme]
-    except KeyError:
-        raise ValueError(f"unknown quant scheme {spec.scheme!r}; known: {', '.join(SCHEMES)}") from None
-    q, clipped = fn(x.to(_compute_dtype(x)), spec)
-    return q.to(x.dtype), clipped
+def quantize_with_clip_mask(x: torch.Tensor, spec: TensorQuantSpec,
+                            scale: torch.Tensor | None = None):
+    """(fake-quantized x in x's dtype, bool mask of elements clipped by saturation).
+    ``scale`` overrides the computed scale (static, calibrated activation scales)."""
+    fmt = get_format(spec.format)
+    xc = x.to(_compute_dtype(x))
+    if scale is not None:
+        q, clipped = _quantize_symmetric(xc, scale.to(xc.dtype), fmt)
+        return q.to(x.dtype), clipped
+    v, dims, back = _grouped(xc, spec)
+    if isinstance(fmt, IntFormat) and not spec.symmetric:
+        q, clipped = _quantize_asymmetric(v, dims, fmt)
+    else:
+        q, clipped = _quantize_symmetric(v, _SCALE_FNS[spec.scheme](v, dims, spec, fmt, xc), fmt)
+    return back(q).to(x.dtype), back(clipped)
 
 
-def fake_quant(x: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
+def fake_quant(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Quantize ``x`` per ``spec`` and dequantize, returning ``x``'s dtype (no gradient)."""
-    return quantize_with_clip_mask(x, spec)[0]
+    return quantize_with_clip_mask(x, spec, scale)[0]
 
 
 class _StraightThrough(torch.autograd.Function):
     """Forward: fake quantization. Backward: identity inside the representable range,
-    zero where the value was clipped (so QAT learns to stay in range)."""
+    zero where a static scale clipped the value (so QAT learns to stay in range).
+
+    With dynamic scales the range follows the tensor, so nothing is out of range: the
+    elements the MX floor rule saturates are the block maxima that set the scale, and
+    cutting their gradient stops a block from ever growing (a QAT toy then stalls at
+    ~25% of its initial loss instead of ~4%). Their gradient passes."""
 
     @staticmethod
-    def forward(ctx, x, spec):
-        q, clipped = quantize_with_clip_mask(x, spec)
+    def forward(ctx, x, spec, scale):
+        q, clipped = quantize_with_clip_mask(x, spec, scale)
+        if scale is None:
+            clipped = torch.zeros_like(clipped)
         ctx.save_for_backward(clipped)
         return q
 
     @staticmethod
     def backward(ctx, grad):
         (clipped,) = ctx.saved_tensors
-        return grad.masked_fill(clipped, 0.0), None
+        return grad.masked_fill(clipped, 0.0), None, None
 
 
-def fake_quant_ste(x: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
-    return _StraightThrough.apply(x, spec)
+def fake_quant_ste(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None = None) -> torch.Tensor:
+    return _StraightThrough.apply(x, spec, scale)
+
+
+def static_scale(amax: torch.Tensor, spec: TensorQuantSpec) -> torch.Tensor:
+    """The fixed per-tensor scale for a calibrated amax."""
+    return _nonzero(amax / get_format(spec.format).max_value)

@@ -1,9 +1,17 @@
 """Element formats: the value grids low-bit numbers live on.
 
-Every format rounds a tensor that has already been divided by its scale onto the format's
-grid, with round-to-nearest-even and saturation at the format's largest finite value.
-Arithmetic is exact: the grid step is a power of two, so x / step and the product back
-are exact in float32 (and float64) for every value the formats can represent.
+``round`` maps a tensor that has already been divided by its scale onto the format's
+grid and saturates at the largest finite value (Inf saturates too; NaN stays NaN).
+Arithmetic is exact: grid steps are powers of two, so x / step and the product back are
+exact in float32 and float64 for every value the formats can represent.
+
+| name | layout | max | rounding |
+|------|--------|-----|----------|
+| e4m3 | 1-4-3, bias 7, no Inf (OCP "fn") | 448 | nearest, ties to even |
+| e5m2 | 1-5-2, bias 15 | 57344 | nearest, ties to even |
+| e2m1 | 1-2-1, bias 1 (FP4) | 6 | nearest, ties to even |
+| hif8 | Ascend HiFloat8, tapered (see HiF8Format) | 32768 | nearest, ties away from zero |
+| int8 / int4 | two's complement, symmetric [-127, 127] / [-7, 7] | | nearest, ties to even |
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import torch
 
 @dataclass(frozen=True)
 class FloatFormat:
-    """A sign + ebits exponent + mbits mantissa minifloat ("fn": no Inf, saturating)."""
+    """A sign + ebits exponent + mbits mantissa minifloat with subnormals."""
 
     name: str
     ebits: int
@@ -57,8 +65,47 @@ class FloatFormat:
 
 
 @dataclass(frozen=True)
+class HiF8Format:
+    """Ascend HiFloat8 (arXiv 2409.16626), as implemented here and checked against the
+    ``en_dtypes.hifloat8`` numpy dtype.
+
+    Encoding: sign, a prefix-coded "dot" field giving the exponent width D, a D-bit
+    sign-magnitude exponent, and the remaining bits of mantissa, so precision tapers
+    with magnitude. For a value 1.m * 2**e:
+
+    - |e| <= 3: 3 mantissa bits;  4 <= |e| <= 7: 2 bits;  8 <= |e| <= 15: 1 bit
+    - e = 15 keeps only mantissa 0 (the code above it is Inf), so max = 2**15 = 32768
+    - below 2**-15, denormals are the powers of two 2**-16 ... 2**-22
+    - rounding is to nearest with ties away from zero (HiF8's default "TA" mode)
+    """
+
+    name: str = "hif8"
+    max_value: float = 32768.0
+    min_normal_exp: int = -15
+    min_denormal_exp: int = -22
+
+    @property
+    def clip_threshold(self) -> float:
+        return self.max_value * 1.25  # halfway to the next value the grid would have
+
+    @staticmethod
+    def mantissa_bits(exp: torch.Tensor) -> torch.Tensor:
+        a = exp.abs()
+        return torch.where(a <= 3, 3, torch.where(a <= 7, 2, 1))
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        ax = x.abs()
+        _, exp = torch.frexp(ax)
+        exp = (exp - 1).clamp(min=self.min_denormal_exp, max=15)
+        mbits = torch.where(exp >= self.min_normal_exp, self.mantissa_bits(exp), 0)
+        step = torch.exp2((exp - mbits).to(x.dtype))
+        q = (torch.floor(ax / step + 0.5) * step).clamp(max=self.max_value)  # ties away
+        return torch.where(torch.isnan(x), x, torch.copysign(q, x))
+
+
+@dataclass(frozen=True)
 class IntFormat:
-    """A signed symmetric integer grid [-qmax, qmax]."""
+    """A signed integer grid; symmetric use is [-qmax, qmax], asymmetric [0, 2**bits-1]."""
 
     name: str
     bits: int
@@ -68,6 +115,10 @@ class IntFormat:
         return float(2 ** (self.bits - 1) - 1)
 
     @property
+    def levels(self) -> int:
+        return 2**self.bits - 1
+
+    @property
     def clip_threshold(self) -> float:
         return self.max_value + 0.5
 
@@ -75,18 +126,21 @@ class IntFormat:
         return torch.round(x).clamp(-self.max_value, self.max_value)
 
 
-ELEMENT_FORMATS: dict[str, FloatFormat | IntFormat] = {
+ElementFormat = FloatFormat | HiF8Format | IntFormat
+
+ELEMENT_FORMATS: dict[str, ElementFormat] = {
     "e4m3": FloatFormat("e4m3", ebits=4, mbits=3, bias=7, max_value=448.0,
                         native=getattr(torch, "float8_e4m3fn", None)),
     "e5m2": FloatFormat("e5m2", ebits=5, mbits=2, bias=15, max_value=57344.0,
                         native=getattr(torch, "float8_e5m2", None)),
     "e2m1": FloatFormat("e2m1", ebits=2, mbits=1, bias=1, max_value=6.0),
+    "hif8": HiF8Format(),
     "int8": IntFormat("int8", bits=8),
     "int4": IntFormat("int4", bits=4),
 }
 
 
-def get_format(name: str) -> FloatFormat | IntFormat:
+def get_format(name: str) -> ElementFormat:
     try:
         return ELEMENT_FORMATS[name]
     except KeyError:

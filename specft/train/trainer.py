@@ -79,6 +79,10 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.reader = CacheReader(cache_dir)
+        # Subnormal floats run ~100x slower on CPUs; as the draft trains, attention and
+        # optimizer states produce them and steps crawl. Flushing them costs no accuracy
+        # that matters for training.
+        torch.set_flush_denormal(True)
         torch.manual_seed(cfg.seed)
         draft, self.lm_head = build_draft(cfg, self.reader)
         self.engine = _make_engine(cfg, draft)

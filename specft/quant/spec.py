@@ -1,0 +1,29 @@
+"""One quant config: weight, activation and KV-cache specs, and which modules they cover."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from specft.quant.fake_quant import TensorQuantSpec
+
+
+@dataclass
+class QuantConfig:
+    name: str = MISSING
+    weight: TensorQuantSpec | None = None
+    activation: TensorQuantSpec | None = None
+    kv: TensorQuantSpec | None = None  # the target's KV cache (keys after RoPE, values)
+    # Module-name globs kept in high precision (lm_head, embeddings, MoE router).
+    exclude: list[str] = field(default_factory=lambda: ["lm_head", "*embed_tokens*", "*.mlp.gate"])
+    # Samples run through the model to calibrate static (dynamic: false) activation scales.
+    calibration_samples: int = 16
+
+    @property
+    def is_noop(self) -> bool:
+        return self.weight is None and self.activation is None and self.kv is None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return any(s is not None and not s.dynamic for s in (self.activation, self.kv))
