@@ -63,9 +63,9 @@ def bench_throughput(rows: int, cols: int, reps: int) -> list[dict]:
 
 
 def bench_forward(quant_names: list[str], batch: int, seq: int, reps: int) -> list[dict]:
-    from helpers import model_cfg, quant_cfg  # conf/ as the CLI composes it
-
     from specft.target import load_target
+
+    from helpers import model_cfg, quant_cfg  # conf/ as the CLI composes it
 
     base, _ = load_target(model_cfg("smollm2_135m"))
     ids = torch.randint(0, 49152, (batch, seq), generator=torch.Generator().manual_seed(0))

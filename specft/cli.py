@@ -16,6 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specft.errors import ConfigError, SpecftError
+from specft.paths import conf_dir
 
 COMMANDS = ("cache", "train")
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
@@ -27,16 +28,6 @@ USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b .
 Config groups: model, quant, draft, loss, data, cache, trainer, logger (see conf/)."""
 
 log = logging.getLogger("specft")
-
-
-def conf_dir() -> Path:
-    """conf/ at the repo root in a checkout; the packaged copy (specft.conf) when installed."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("specft.conf")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parent.parent / "conf"
 
 
 def setup_logging(rank: int = 0) -> None:

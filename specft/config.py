@@ -71,11 +71,16 @@ class DraftConfig:
     ttt_steps: int = 7
     step_weight_decay: float = 0.8
     qk_norm: bool | None = None  # null: follow the target family (Qwen3: yes)
+    # Quantization-aware training of the draft: the name of a conf/quant config whose
+    # weight and activation specs the draft's linear layers are trained through (STE).
+    quant: str | None = None
 
 
 @dataclass
 class LossConfig:
     name: str = "kl"
+    # Weighted mixture {loss: weight}; null: {name: 1.0}. Names: kl, lk, tv, ce, hidden.
+    terms: dict[str, float] | None = None
 
 
 @dataclass
@@ -95,6 +100,9 @@ class TrainerConfig:
     keep_last: int = 2
     log_every: int = 1
     resume: bool = True
+    val_fraction: float = 0.05  # share of cached samples held out for validation
+    val_every: int = 0  # steps between validations; 0: only at the end
+    val_batches: int = 8  # micro-batches per validation
 
 
 @dataclass
@@ -238,7 +246,14 @@ def validate(cfg: RootConfig) -> None:
     from specft.train.losses import LOSSES
 
     DRAFT_HEADS.get(cfg.draft.name, "draft.name")
-    LOSSES.get(cfg.loss.name, "loss.name")
+    for name in (cfg.loss.terms or {cfg.loss.name: 1.0}):
+        LOSSES.get(name, "loss.terms" if cfg.loss.terms else "loss.name")
+    if not 0.0 <= t.val_fraction < 1.0:
+        raise ConfigError(f"trainer.val_fraction: must be in [0, 1), got {t.val_fraction}")
+    if cfg.draft.quant is not None:
+        from specft.quant.spec import load_quant_config
+
+        load_quant_config(cfg.draft.quant, "draft.quant")
     DATA_SOURCES.get(cfg.data.name, "data.name")
     if cfg.data.name != "synthetic" and not cfg.data.path:
         raise ConfigError(f"data.path: required for data.name={cfg.data.name}")

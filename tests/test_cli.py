@@ -18,8 +18,9 @@ from conftest import run_cli
 RUN = "runs/tiny_qwen3-mxfp4-eagle3-kl"
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def _metrics(run_dir: Path, split: str = "train") -> list[dict]:
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["split"] == split]
 
 
 def _cache_dirs(root: Path) -> list[Path]:
@@ -59,6 +60,9 @@ def test_train_tiny_qwen3_mxfp4_end_to_end_then_reuse(tmp_path):
     assert [r["step"] for r in m] == list(range(1, 31))
     first, last = sum(r["loss"] for r in m[:5]) / 5, sum(r["loss"] for r in m[-5:]) / 5
     assert last < first - 0.2, (first, last)
+    (val,) = _metrics(run_dir, "val")  # held-out samples, validated at the end
+    assert val["step"] == 30 and 1.0 <= val["accept_len"] <= 8.0
+    assert all(0.0 <= val[f"accept_{k}"] <= 1.0 for k in range(7))
 
     # Again: the cache is reused (no target forward, shards untouched), training is done.
     mtimes = {p: p.stat().st_mtime_ns for p in cache_dir.iterdir()}
@@ -91,6 +95,7 @@ def test_killed_training_resumes_exactly(tmp_path):
     ref, got = _metrics(ref_dir / RUN), _metrics(killed_dir / RUN)
     assert [r["step"] for r in got] == list(range(1, 41))
     assert [r["loss"] for r in got] == [r["loss"] for r in ref]  # to the last digit
+    assert _metrics(killed_dir / RUN, "val") == _metrics(ref_dir / RUN, "val")
 
 
 def test_moe_target(tmp_path):
@@ -136,5 +141,22 @@ def test_wandb_offline_run_holds_metrics(tmp_path):
     # their JSON text, so every logged loss must appear verbatim.
     (metrics_file,) = tmp_path.glob("runs/*/metrics.jsonl")
     losses = [json.loads(ln)["loss"] for ln in metrics_file.read_text().splitlines()]
-    assert len(losses) == 3 and b"acc_0" in data
+    assert len(losses) == 4 and b"train/acc_0" in data and b"val/accept_len" in data
     assert all(json.dumps(v).encode() in data for v in losses)
+
+
+@pytest.mark.parametrize("extra", [
+    ["draft.quant=mxfp4", "loss=kl_hidden"],
+    ["trainer.zero_stage=2", "loss=lk", "trainer.grad_accum=2"],
+    ["trainer.zero_stage=3", "loss=tv"],
+])
+def test_training_variants_run_and_checkpoint(tmp_path, extra):
+    run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=4", "data.num_samples=48",
+             *extra], cwd=tmp_path)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    m = _metrics(run_dir)
+    assert [r["step"] for r in m] == [1, 2, 3, 4] and all(r["loss"] == r["loss"] for r in m)
+    from safetensors.torch import load_file
+
+    state = load_file(str(run_dir / "checkpoints/final/draft.safetensors"))
+    assert state["fc.weight"].shape == (64, 192)  # consolidated, even under ZeRO-3

@@ -5,8 +5,16 @@ import math
 import torch
 
 from specft.draft import Eagle3Config, Eagle3Draft, build_draft_vocab
-from specft.train.losses import kl_loss
-from specft.train.objective import TargetView, ttt_objective
+from specft.train.losses import (
+    LossInputs,
+    MixtureLoss,
+    ce_loss,
+    hidden_loss,
+    kl_loss,
+    lk_loss,
+    tv_loss,
+)
+from specft.train.objective import TargetView, acceptance_length, ttt_objective
 
 
 def test_draft_vocab_top_tokens_and_offsets():
@@ -45,7 +53,7 @@ def test_ttt_step_matches_chain_drafting_by_hand():
         ids = torch.randint(0, 50, (1, 9))
         aux = torch.randn(1, 9, 48)
         with torch.no_grad():
-            logits = d(ids, aux, steps=2)
+            logits = d(ids, aux, steps=2).logits
             g = d.fc(aux)
             x0 = torch.cat([layer.input_layernorm(d.embed_tokens(ids[:, 1:])),
                             layer.hidden_norm(g[:, :8])], -1)
@@ -65,10 +73,19 @@ def test_ttt_step_matches_chain_drafting_by_hand():
             torch.testing.assert_close(logits[1][0, p], d.lm_head(d.norm(h1[0, 0])))
 
 
-def test_kl_loss_hand_case():
+def test_losses_hand_cases():
     p = torch.tensor([[0.5, 0.5, 0.0]])
-    q_logits = torch.log(torch.tensor([[0.25, 0.25, 0.5]]))
-    assert math.isclose(kl_loss(q_logits, p).item(), math.log(4), rel_tol=1e-6)
+    q = torch.tensor([[0.25, 0.25, 0.5]])
+    x = LossInputs(torch.log(q), p)
+    assert math.isclose(kl_loss(x).item(), math.log(4), rel_tol=1e-6)  # -0.5 ln .25 * 2
+    assert math.isclose(lk_loss(x).item(), -math.log(0.5), rel_tol=1e-6)  # min-sum = 0.5
+    assert math.isclose(tv_loss(x).item(), 0.5, rel_tol=1e-6)  # 0.5 * (.25 + .25 + .5)
+    assert math.isclose(ce_loss(x).item(), -math.log(0.25), rel_tol=1e-6)  # argmax p = 0
+    h = LossInputs(x.draft_logits, p, torch.tensor([[0.0, 3.0]]), torch.tensor([[0.5, 0.0]]))
+    assert math.isclose(hidden_loss(h).item(), (0.5 * 0.25 + 2.5) / 2, rel_tol=1e-6)  # smooth-L1
+    mix = MixtureLoss({"kl": 1.0, "tv": 2.0})
+    assert math.isclose(mix(x).item(), math.log(4) + 1.0, rel_tol=1e-6)
+    assert acceptance_length([0.5, 0.5]) == 1.75
 
 
 def test_ttt_objective_shifts_and_masks_per_step():

@@ -106,3 +106,33 @@ def test_generic_rounding_matches_torch_native_cast(name):
     fmt = get_format(name)
     x = torch.randn(50000, generator=torch.Generator().manual_seed(2)) * fmt.max_value / 8
     assert torch.equal(fmt.round_generic(x), fmt.round(x))
+
+
+def test_hif8_matches_en_dtypes_on_every_code_and_random_values():
+    import en_dtypes
+
+    hif8 = get_format("hif8")
+    codes = np.arange(256, dtype=np.uint8).view(en_dtypes.hifloat8).astype(np.float64)
+    finite = torch.from_numpy(codes[np.isfinite(codes)])
+    assert torch.equal(hif8.round(finite), finite)
+    assert finite.abs().max().item() == 32768.0 and finite[finite > 0].min().item() == 2.0 ** -22
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(100000, generator=g) * 100, torch.rand(50000, generator=g) * 2 ** -14,
+                   torch.randn(50000, generator=g) * 3000,
+                   torch.tensor([1.0625, -1.0625, 1.5 * 2 ** -17, 2.0 ** -23, 40000.0, 0.0])])
+    oracle = x.clamp(-32768, 32768).numpy().astype(en_dtypes.hifloat8).astype(np.float32)
+    assert torch.equal(hif8.round(x), torch.from_numpy(oracle))
+    # Ties go away from zero: 1.0625 sits between 1.0 and 1.125 (3 mantissa bits).
+    assert hif8.round(torch.tensor([1.0625, -1.0625])).tolist() == [1.125, -1.125]
+
+
+def test_every_e8m0_scale_round_trips():
+    """All 255 finite E8M0 values: the scale an MX block gets for amax = 2^e * 2^emax is
+    exactly 2^e, and ml_dtypes' E8M0 encodes it without loss."""
+    exps = torch.arange(-127, 128, dtype=torch.float64)
+    oracle = np.arange(255, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+    assert np.array_equal(oracle, np.exp2(exps.numpy()))
+    amax = torch.exp2(exps + 2)  # E2M1's emax is 2
+    got = mx_shared_exponent(amax, get_format("e2m1"), "floor")
+    assert torch.equal(got.double(), exps.clamp(max=127))
+    assert torch.equal(torch.exp2(got.double()), torch.from_numpy(oracle))

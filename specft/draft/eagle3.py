@@ -36,6 +36,12 @@ class Eagle3Config:
     num_aux_layers: int = 3
 
 
+@dataclass
+class DraftOutput:
+    logits: list[torch.Tensor]  # per TTT step, [B, T, Vd]
+    hidden: list[torch.Tensor]  # per TTT step, [B, T, H]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -154,15 +160,18 @@ class Eagle3Draft(nn.Module):
         t2d[draft_to_target] = True
         self.register_buffer("t2d", t2d)
 
-    def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """TTT unroll: draft logits [B, T, Vd] for steps 0..steps-1. Step j at position p
-        predicts token x[p+j+2], i.e. matches the target's distribution at p+j+1."""
+    def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> DraftOutput:
+        """TTT unroll for steps 0..steps-1: draft logits [B, T, Vd] and hidden states
+        [B, T, H]. Step j at position p predicts token x[p+j+2], i.e. matches the
+        target's distribution at p+j+1."""
         hidden = self.fc(aux_hidden)
         t = input_ids.shape[1]
-        keys, values, logits = [], [], []
+        keys, values = [], []
+        out = DraftOutput([], [])
         for j in range(steps):
             tokens = F.pad(input_ids[:, j + 1:], (0, j + 1), value=0)
             positions = torch.arange(j, t + j, device=input_ids.device)
             hidden = self.midlayer(self.embed_tokens(tokens), hidden, positions, keys, values)
-            logits.append(self.lm_head(self.norm(hidden)))
-        return logits
+            out.hidden.append(hidden)
+            out.logits.append(self.lm_head(self.norm(hidden)))
+        return out

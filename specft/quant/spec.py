@@ -27,3 +27,17 @@ class QuantConfig:
     @property
     def needs_calibration(self) -> bool:
         return any(s is not None and not s.dynamic for s in (self.activation, self.kv))
+
+
+def load_quant_config(name: str, field: str = "quant") -> QuantConfig:
+    """A config from conf/quant/ by name (the draft's QAT spec names one)."""
+    from omegaconf import OmegaConf
+
+    from specft.errors import ConfigError
+    from specft.paths import conf_dir
+
+    path = conf_dir() / "quant" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ConfigError(f"{field}: unknown quant config {name!r}; allowed: {known}")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(QuantConfig), OmegaConf.load(path)))

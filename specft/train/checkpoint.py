@@ -39,8 +39,21 @@ def _barrier(world_size: int) -> None:
         torch.distributed.barrier()
 
 
-def write_draft_files(folder: Path, draft, extra_config: dict, run_config_yaml: str) -> None:
-    state = {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}
+def consolidated_state(draft) -> dict[str, torch.Tensor]:
+    """The full draft state dict on CPU; under ZeRO-3 parameters are partitioned across
+    ranks and are gathered first (every rank must call this)."""
+    params = [p for p in draft.parameters() if hasattr(p, "ds_id")]
+    if params:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return {k: v.detach().cpu().clone().contiguous() for k, v in draft.state_dict().items()}
+    return {k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}
+
+
+def write_draft_files(folder: Path, draft, extra_config: dict, run_config_yaml: str,
+                      state: dict[str, torch.Tensor] | None = None) -> None:
+    state = consolidated_state(draft) if state is None else state
     save_file(state, str(folder / "draft.safetensors"))
     config = {"architecture": "eagle3", **asdict(draft.config), **extra_config}
     (folder / "draft_config.json").write_text(json.dumps(config, indent=2))
@@ -57,10 +70,11 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: i
     engine.save_checkpoint(str(tmp_root), tag=tag, client_state={"step": step}, save_latest=False)
     folder = tmp_root / tag
     torch.save({"torch": torch.get_rng_state()}, folder / f"rng-r{rank:03d}.pt")
+    state = consolidated_state(engine.module)  # collective under ZeRO-3
     _barrier(world_size)
     final = ckpt_root / tag
     if rank == 0:
-        write_draft_files(folder, engine.module, extra_config, run_config_yaml)
+        write_draft_files(folder, engine.module, extra_config, run_config_yaml, state)
         if final.exists():
             shutil.rmtree(final)
         os.replace(folder, final)
@@ -94,11 +108,12 @@ def load_checkpoint(engine, ckpt_root: Path, tag: str, rank: int) -> int:
     return int(client["step"])
 
 
-def save_final(ckpt_root: Path, draft, extra_config: dict, run_config_yaml: str) -> Path:
+def save_final(ckpt_root: Path, draft, extra_config: dict, run_config_yaml: str,
+               state: dict[str, torch.Tensor]) -> Path:
     tmp = ckpt_root / ".tmp-final"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_draft_files(tmp, draft, extra_config, run_config_yaml)
+    write_draft_files(tmp, draft, extra_config, run_config_yaml, state)
     final = ckpt_root / "final"
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

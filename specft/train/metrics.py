@@ -37,7 +37,9 @@ class WandbSink:
                                name=run_dir.name, id=_stable_id(run_dir), resume="allow")
 
     def log(self, record: dict) -> None:
-        self._run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        split = record.get("split", "train")
+        values = {f"{split}/{k}": v for k, v in record.items() if k not in ("step", "split")}
+        self._run.log(values, step=record["step"])
 
     def close(self) -> None:
         self._run.finish()

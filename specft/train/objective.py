@@ -1,23 +1,25 @@
-"""The training-time-test objective: draft logits for k steps against the target's
+"""The training-time-test objective: draft outputs for k steps against the target's
 distribution, recomputed from the cached final hidden state with the target's lm_head."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from specft.train.losses import restricted_target_probs
+from specft.train.losses import LossInputs
 
 
 @dataclass
 class TargetView:
     """What the target says at every position, computed once per batch (no grad)."""
 
-    probs: torch.Tensor  # [B, T, Vd] restricted to the draft vocab
+    probs: torch.Tensor  # [B, T, Vd] restricted to the draft vocab, renormalised
     argmax: torch.Tensor  # [B, T] over the full vocab
     predicts_assistant: torch.Tensor  # [B, T] float: position t predicts an assistant token
     in_draft_vocab: torch.Tensor  # [B, T] float: the target's argmax is in the draft vocab
+    probs_full: torch.Tensor | None = None  # [B, T, Vd] full-vocab probabilities of draft ids
+    hidden: torch.Tensor | None = None  # [B, T, H] the target's final hidden state
 
 
 @torch.no_grad()
@@ -25,30 +27,41 @@ def target_view(batch: dict, lm_head: torch.Tensor, draft_to_target: torch.Tenso
                 t2d: torch.Tensor) -> TargetView:
     logits = batch["final_hidden"] @ lm_head.T
     argmax = logits.argmax(-1)
-    mask = batch["loss_mask"]
+    on_draft = logits.index_select(-1, draft_to_target)
     # The target's output at position t predicts token t+1: train where that is an
     # assistant token.
-    predicts = torch.nn.functional.pad(mask[:, 1:], (0, 1))
-    return TargetView(restricted_target_probs(logits, draft_to_target), argmax, predicts,
-                      t2d[argmax].float())
+    predicts = torch.nn.functional.pad(batch["loss_mask"][:, 1:], (0, 1))
+    full = torch.exp(on_draft - torch.logsumexp(logits, dim=-1, keepdim=True))
+    return TargetView(torch.softmax(on_draft, dim=-1), argmax, predicts, t2d[argmax].float(),
+                      full, batch["final_hidden"])
 
 
 @dataclass
 class StepResult:
     loss: torch.Tensor  # weighted sum over steps (differentiable)
-    step_losses: list[float]
-    step_acc: list[float]
-    step_tokens: list[int]
+    step_losses: list[float] = field(default_factory=list)
+    step_acc: list[float] = field(default_factory=list)  # draft argmax == target argmax
+    step_accept: list[float] = field(default_factory=list)  # E[accept] = sum_x min(p, q)
+    step_tokens: list[int] = field(default_factory=list)
+
+
+def acceptance_length(step_acc: list[float]) -> float:
+    """Simulated mean acceptance length 1 + sum_k prod_{j<=k} acc_j of chain drafting."""
+    total, run = 1.0, 1.0
+    for a in step_acc:
+        run *= a
+        total += run
+    return total
 
 
 def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_target: torch.Tensor,
-                  loss_fn, step_weight_decay: float) -> StepResult:
-    """Step j's logits at position p are scored against the target at p+j+1. Positions whose
-    target argmax is outside the draft vocabulary carry no loss (as EAGLE-3), but count
-    as misses in acc_j."""
+                  loss_fn, step_weight_decay: float,
+                  draft_hidden: list[torch.Tensor] | None = None) -> StepResult:
+    """Step j's outputs at position p are scored against the target at p+j+1. Positions
+    whose target argmax is outside the draft vocabulary carry no loss (as EAGLE-3), but
+    count as misses in acc_j."""
     t = view.argmax.shape[1]
-    total = draft_logits[0].new_zeros(())
-    losses, accs, counts = [], [], []
+    res = StepResult(draft_logits[0].new_zeros(()))
     for j, logits in enumerate(draft_logits):
         n = t - j - 1
         if n <= 0:
@@ -56,12 +69,19 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
         logits = logits[:, :n]
         valid = view.predicts_assistant[:, j + 1:]
         weight = valid * view.in_draft_vocab[:, j + 1:]
-        per_pos = loss_fn(logits, view.probs[:, j + 1:])
-        step_loss = (per_pos * weight).sum() / weight.sum().clamp(min=1.0)
-        total = total + (step_weight_decay ** j) * step_loss
-        hit = (draft_to_target[logits.argmax(-1)] == view.argmax[:, j + 1:]).float()
-        denom = valid.sum().clamp(min=1.0)
-        losses.append(step_loss.item())
-        accs.append(((hit * valid).sum() / denom).item())
-        counts.append(int(valid.sum().item()))
-    return StepResult(total, losses, accs, counts)
+        inputs = LossInputs(logits, view.probs[:, j + 1:],
+                            draft_hidden[j][:, :n] if draft_hidden is not None else None,
+                            view.hidden[:, j + 1:] if view.hidden is not None else None)
+        step_loss = (loss_fn(inputs) * weight).sum() / weight.sum().clamp(min=1.0)
+        res.loss = res.loss + (step_weight_decay ** j) * step_loss
+        with torch.no_grad():
+            denom = valid.sum().clamp(min=1.0)
+            hit = (draft_to_target[logits.argmax(-1)] == view.argmax[:, j + 1:]).float()
+            res.step_losses.append(step_loss.item())
+            res.step_acc.append(((hit * valid).sum() / denom).item())
+            if view.probs_full is not None:
+                q = torch.softmax(logits.float(), dim=-1)
+                accept = torch.minimum(view.probs_full[:, j + 1:], q).sum(-1)
+                res.step_accept.append(((accept * valid).sum() / denom).item())
+            res.step_tokens.append(int(valid.sum().item()))
+    return res

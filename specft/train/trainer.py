@@ -12,11 +12,19 @@ from omegaconf import OmegaConf
 from specft.cache import CacheReader
 from specft.config import RootConfig
 from specft.draft import DRAFT_HEADS, Eagle3Config, build_draft_vocab
+from specft.draft.qat import apply_draft_qat
+from specft.quant.spec import load_quant_config
 from specft.train.batches import StepSampler, collate
-from specft.train.checkpoint import latest_tag, load_checkpoint, save_checkpoint, save_final
-from specft.train.losses import LOSSES
+from specft.train.checkpoint import (
+    consolidated_state,
+    latest_tag,
+    load_checkpoint,
+    save_checkpoint,
+    save_final,
+)
+from specft.train.losses import MixtureLoss
 from specft.train.metrics import MetricsLogger
-from specft.train.objective import target_view, ttt_objective
+from specft.train.objective import StepResult, acceptance_length, target_view, ttt_objective
 from specft.train.schedule import warmup_cosine
 
 log = logging.getLogger(__name__)
@@ -36,6 +44,9 @@ def build_draft(cfg: RootConfig, reader: CacheReader):
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
     head = reader.target_head()
     draft = DRAFT_HEADS.get(cfg.draft.name, "draft.name")(c, head["embed_tokens"], vocab.draft_to_target)
+    if cfg.draft.quant is not None:
+        switched = apply_draft_qat(draft, load_quant_config(cfg.draft.quant, "draft.quant"))
+        log.info("draft QAT (%s): %d linear layers", cfg.draft.quant, len(switched))
     return draft, head["lm_head"].float()
 
 
@@ -65,6 +76,16 @@ def _make_engine(cfg: RootConfig, draft):
     return engine
 
 
+def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, validation) sample positions: a seeded choice of round(n * fraction)
+    samples (at least one when the fraction is positive) is held out."""
+    n_val = max(1, round(n * val_fraction)) if val_fraction > 0 and n > 1 else 0
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919)).tolist()
+    val = sorted(perm[:n_val])
+    held = set(val)
+    return [i for i in range(n) if i not in held], val
+
+
 def _mean_across_ranks(values: list[float], world_size: int) -> list[float]:
     if world_size == 1 or not values:
         return values
@@ -86,8 +107,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         draft, self.lm_head = build_draft(cfg, self.reader)
         self.engine = _make_engine(cfg, draft)
-        self.loss_fn = LOSSES.get(cfg.loss.name, "loss.name")
-        self.sampler = StepSampler(len(self.reader), cfg.seed, cfg.trainer.micro_batch_size,
+        self.loss_fn = MixtureLoss(cfg.loss.terms or {cfg.loss.name: 1.0})
+        self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
+        self.sampler = StepSampler(len(self.train_idx), cfg.seed, cfg.trainer.micro_batch_size,
                                    cfg.trainer.grad_accum, rank, world_size)
         self.run_config_yaml = (self.run_dir / "config.yaml").read_text()
         self.extra_config = {"target_model": cfg.model.name, "quant": cfg.quant.name,
@@ -102,29 +124,58 @@ class Trainer:
         log.info("resumed from %s (step %d)", self.ckpt_root / tag, step)
         return step
 
-    def _train_step(self, step: int) -> dict:
+    def _forward(self, indices: list[int]) -> tuple[StepResult, int]:
         draft = self.engine.module
-        sums = None
-        tokens = 0
+        batch = collate([self.reader[i] for i in indices])
+        view = target_view(batch, self.lm_head, draft.draft_to_target, draft.t2d)
+        out = self.engine(batch["input_ids"], batch["aux_hidden"], self.cfg.draft.ttt_steps)
+        res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn,
+                            self.cfg.draft.step_weight_decay, out.hidden)
+        return res, int(batch["loss_mask"].sum())
+
+    def _record(self, results: list[StepResult], step: int, tokens: int, split: str) -> dict:
+        """Mean over micro-batches and ranks of loss, loss_k, acc_k, accept_k."""
+        rows = [[r.loss.item(), *r.step_losses, *r.step_acc, *r.step_accept] for r in results]
+        width = min(len(r) for r in rows)  # short sequences may yield fewer TTT steps
+        vals = [sum(r[i] for r in rows) / len(rows) for i in range(width)]
+        vals = _mean_across_ranks(vals, self.world_size)
+        k = len(results[0].step_losses)
+        record = {"step": step, "split": split, "loss": vals[0], "tokens": tokens * self.world_size}
+        for name, start in (("loss", 1), ("acc", 1 + k), ("accept", 1 + 2 * k)):
+            record.update({f"{name}_{j}": v for j, v in enumerate(vals[start: start + k])})
+        record["accept_len"] = acceptance_length([record[f"acc_{j}"] for j in range(k) if f"acc_{j}" in record])
+        return record
+
+    def _train_step(self, step: int) -> dict:
+        results, tokens = [], 0
         for indices in self.sampler.micro_batches(step):
-            batch = collate([self.reader[i] for i in indices])
-            view = target_view(batch, self.lm_head, draft.draft_to_target, draft.t2d)
-            logits = self.engine(batch["input_ids"], batch["aux_hidden"], self.cfg.draft.ttt_steps)
-            res = ttt_objective(logits, view, draft.draft_to_target, self.loss_fn,
-                                self.cfg.draft.step_weight_decay)
+            res, n = self._forward([self.train_idx[i] for i in indices])
             self.engine.backward(res.loss)
             self.engine.step()
-            vals = [res.loss.item(), *res.step_losses, *res.step_acc]
-            sums = vals if sums is None else [a + b for a, b in zip(sums, vals)]
-            tokens += int(batch["loss_mask"].sum())
-        n = self.cfg.trainer.grad_accum
-        vals = _mean_across_ranks([v / n for v in sums], self.world_size)
-        k = (len(vals) - 1) // 2
-        record = {"step": step + 1, "loss": vals[0], "lr": self.engine.get_lr()[0],
-                  "tokens": tokens * self.world_size}
-        record.update({f"loss_{j}": v for j, v in enumerate(vals[1: 1 + k])})
-        record.update({f"acc_{j}": v for j, v in enumerate(vals[1 + k:])})
+            results.append(res)
+            tokens += n
+        record = self._record(results, step + 1, tokens, "train")
+        record["lr"] = self.engine.get_lr()[0]
         return record
+
+    @torch.no_grad()
+    def validate(self, step: int) -> dict | None:
+        """Loss, acc_k, expected acceptance per step and simulated acceptance length on
+        the held-out samples (each rank takes every world_size-th micro-batch)."""
+        if not self.val_idx:
+            return None
+        micro = self.cfg.trainer.micro_batch_size
+        batches = [self.val_idx[i: i + micro] for i in range(0, len(self.val_idx), micro)]
+        batches = batches[: self.cfg.trainer.val_batches * self.world_size]
+        mine = batches[self.rank:: self.world_size] or batches[:1]
+        self.engine.eval()
+        results, tokens = [], 0
+        for b in mine:
+            res, n = self._forward(b)
+            results.append(res)
+            tokens += n
+        self.engine.train()
+        return self._record(results, step, tokens, "val")
 
     def train(self) -> Path:
         t = self.cfg.trainer
@@ -144,11 +195,19 @@ class Trainer:
                 logger.log(record)
             if self.rank == 0 and ((step + 1) % CONSOLE_EVERY == 0 or last):
                 log.info("step %d loss %.4f acc_0 %.3f", record["step"], record["loss"], record.get("acc_0", 0.0))
+            if last or (t.val_every and (step + 1) % t.val_every == 0):
+                val = self.validate(step + 1)
+                if val and logger:
+                    logger.log(val)
+                    log.info("val step %d loss %.4f acc_0 %.3f accept_len %.2f", val["step"],
+                             val["loss"], val.get("acc_0", 0.0), val["accept_len"])
             if (step + 1) % t.save_every == 0 or last:
                 save_checkpoint(self.engine, self.ckpt_root, step + 1, self.rank, self.world_size,
                                 t.keep_last, self.extra_config, self.run_config_yaml)
         final = self.ckpt_root / "final"
+        state = consolidated_state(self.engine.module)  # collective under ZeRO-3
         if self.rank == 0:
-            final = save_final(self.ckpt_root, self.engine.module, self.extra_config, self.run_config_yaml)
+            final = save_final(self.ckpt_root, self.engine.module, self.extra_config,
+                               self.run_config_yaml, state)
             logger.close()
         return final
