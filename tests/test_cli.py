@@ -149,6 +149,7 @@ def test_wandb_offline_run_holds_metrics(tmp_path):
     ["draft.quant=mxfp4", "loss=kl_hidden"],
     ["trainer.zero_stage=2", "loss=lk", "trainer.grad_accum=2"],
     ["trainer.zero_stage=3", "loss=tv"],
+    ["trainer.precision=bf16", "loss=ce"],
 ])
 def test_training_variants_run_and_checkpoint(tmp_path, extra):
     run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=4", "data.num_samples=48",
@@ -160,3 +161,18 @@ def test_training_variants_run_and_checkpoint(tmp_path, extra):
 
     state = load_file(str(run_dir / "checkpoints/final/draft.safetensors"))
     assert state["fc.weight"].shape == (64, 192)  # consolidated, even under ZeRO-3
+
+
+def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path):
+    """Global batch 8: one rank runs two micro-batches of 4 (gradient accumulation), two
+    ranks one micro-batch of 4 each, over the same samples. Gradients are the same mean,
+    so losses agree up to float summation order (stated tolerance: 1e-5 relative)."""
+    common = ["model=tiny_qwen3", "quant=mxfp4", "data.num_samples=64", "trainer.max_steps=6",
+              "trainer.micro_batch_size=4", f"cache.root={tmp_path / 'cache'}"]
+    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    run_cli(["train", *common, "trainer.grad_accum=2"], cwd=tmp_path / "one")
+    run_cli(["train", *common, "trainer.nproc=2"], cwd=tmp_path / "two")
+    one, two = _metrics(tmp_path / "one" / RUN), _metrics(tmp_path / "two" / RUN)
+    assert [r["tokens"] for r in one] == [r["tokens"] for r in two]
+    for a, b in zip(one, two):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a["step"], a["loss"], b["loss"])

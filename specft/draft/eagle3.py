@@ -164,7 +164,7 @@ class Eagle3Draft(nn.Module):
         """TTT unroll for steps 0..steps-1: draft logits [B, T, Vd] and hidden states
         [B, T, H]. Step j at position p predicts token x[p+j+2], i.e. matches the
         target's distribution at p+j+1."""
-        hidden = self.fc(aux_hidden)
+        hidden = self.fc(aux_hidden.to(self.fc.weight.dtype))  # bf16 training casts the module
         t = input_ids.shape[1]
         keys, values = [], []
         out = DraftOutput([], [])

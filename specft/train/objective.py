@@ -64,13 +64,17 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
     res = StepResult(draft_logits[0].new_zeros(()))
     for j, logits in enumerate(draft_logits):
         n = t - j - 1
-        if n <= 0:
-            break
-        logits = logits[:, :n]
+        if n <= 0:  # too short for this step: record nothing learned, keep lists aligned
+            res.step_losses.append(0.0)
+            res.step_acc.append(0.0)
+            res.step_accept.append(0.0)
+            res.step_tokens.append(0)
+            continue
+        logits = logits[:, :n].float()  # losses in fp32 even when the draft runs in bf16
         valid = view.predicts_assistant[:, j + 1:]
         weight = valid * view.in_draft_vocab[:, j + 1:]
         inputs = LossInputs(logits, view.probs[:, j + 1:],
-                            draft_hidden[j][:, :n] if draft_hidden is not None else None,
+                            draft_hidden[j][:, :n].float() if draft_hidden is not None else None,
                             view.hidden[:, j + 1:] if view.hidden is not None else None)
         step_loss = (loss_fn(inputs) * weight).sum() / weight.sum().clamp(min=1.0)
         res.loss = res.loss + (step_weight_decay ** j) * step_loss
@@ -80,7 +84,7 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
             res.step_losses.append(step_loss.item())
             res.step_acc.append(((hit * valid).sum() / denom).item())
             if view.probs_full is not None:
-                q = torch.softmax(logits.float(), dim=-1)
+                q = torch.softmax(logits, dim=-1)
                 accept = torch.minimum(view.probs_full[:, j + 1:], q).sum(-1)
                 res.step_accept.append(((accept * valid).sum() / denom).item())
             res.step_tokens.append(int(valid.sum().item()))

@@ -94,6 +94,14 @@ def _mean_across_ranks(values: list[float], world_size: int) -> list[float]:
     return (t / world_size).tolist()
 
 
+def _sum_across_ranks(value: int, world_size: int) -> int:
+    if world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    torch.distributed.all_reduce(t)
+    return int(t.item())
+
+
 class Trainer:
     def __init__(self, cfg: RootConfig, cache_dir: Path, rank: int = 0, world_size: int = 1):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -136,11 +144,11 @@ class Trainer:
     def _record(self, results: list[StepResult], step: int, tokens: int, split: str) -> dict:
         """Mean over micro-batches and ranks of loss, loss_k, acc_k, accept_k."""
         rows = [[r.loss.item(), *r.step_losses, *r.step_acc, *r.step_accept] for r in results]
-        width = min(len(r) for r in rows)  # short sequences may yield fewer TTT steps
-        vals = [sum(r[i] for r in rows) / len(rows) for i in range(width)]
+        vals = [sum(col) / len(rows) for col in zip(*rows)]
         vals = _mean_across_ranks(vals, self.world_size)
         k = len(results[0].step_losses)
-        record = {"step": step, "split": split, "loss": vals[0], "tokens": tokens * self.world_size}
+        record = {"step": step, "split": split, "loss": vals[0],
+                  "tokens": _sum_across_ranks(tokens, self.world_size)}
         for name, start in (("loss", 1), ("acc", 1 + k), ("accept", 1 + 2 * k)):
             record.update({f"{name}_{j}": v for j, v in enumerate(vals[start: start + k])})
         record["accept_len"] = acceptance_length([record[f"acc_{j}"] for j in range(k) if f"acc_{j}" in record])
