@@ -133,8 +133,10 @@ class Trainer:
         return step
 
     def _forward(self, indices: list[int]) -> tuple[StepResult, int]:
+        return self._forward_batch(collate([self.reader[i] for i in indices]))
+
+    def _forward_batch(self, batch: dict) -> tuple[StepResult, int]:
         draft = self.engine.module
-        batch = collate([self.reader[i] for i in indices])
         view = target_view(batch, self.lm_head, draft.draft_to_target, draft.t2d)
         out = self.engine(batch["input_ids"], batch["aux_hidden"], self.cfg.draft.ttt_steps)
         res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn,
