@@ -69,7 +69,8 @@ class DraftConfig:
     num_layers: int = 1
     intermediate_size: int | None = None  # null: the target's
     ttt_steps: int = 7
-    step_weight_decay: float = 0.8
+    step_weight_decay: float = 0.8  # TTT step k's loss weight: decay ** k ...
+    step_weights: list[float] | None = None  # ... unless given explicitly, one per step
     qk_norm: bool | None = None  # null: follow the target family (Qwen3: yes)
     # Quantization-aware training of the draft: the name of a conf/quant config whose
     # weight and activation specs the draft's linear layers are trained through (STE).
@@ -103,6 +104,13 @@ class TrainerConfig:
     val_fraction: float = 0.05  # share of cached samples held out for validation
     val_every: int = 0  # steps between validations; 0: only at the end
     val_batches: int = 8  # micro-batches per validation
+    # Robustness studies. feature_noise: Gaussian noise, relative to each token's feature
+    # RMS, added to the cached features while training. mix_quant: a second quant config
+    # whose target's cache supplies a share mix_fraction of the training samples (e.g.
+    # bf16 features mixed into mxfp4 training).
+    feature_noise: float = 0.0
+    mix_quant: str | None = None
+    mix_fraction: float = 0.5
 
 
 @dataclass
@@ -233,7 +241,8 @@ def validate(cfg: RootConfig) -> None:
     _positive(cfg.draft.vocab_size, "draft.vocab_size")
     _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
     if cfg.draft.num_layers != 1:
-        raise ConfigError(f"draft.num_layers: eagle3 has one decoder layer; allowed: 1, got {cfg.draft.num_layers}")
+        raise ConfigError(f"draft.num_layers: {cfg.draft.name} has one decoder layer; allowed: 1, "
+                          f"got {cfg.draft.num_layers}")
     t = cfg.trainer
     for name in ("max_steps", "micro_batch_size", "grad_accum", "lr", "nproc", "save_every", "keep_last", "log_every"):
         _positive(getattr(t, name), f"trainer.{name}")
@@ -250,10 +259,19 @@ def validate(cfg: RootConfig) -> None:
         LOSSES.get(name, "loss.terms" if cfg.loss.terms else "loss.name")
     if not 0.0 <= t.val_fraction < 1.0:
         raise ConfigError(f"trainer.val_fraction: must be in [0, 1), got {t.val_fraction}")
-    if cfg.draft.quant is not None:
-        from specft.quant.spec import load_quant_config
+    if cfg.draft.step_weights is not None and len(cfg.draft.step_weights) != cfg.draft.ttt_steps:
+        raise ConfigError(f"draft.step_weights: one weight per TTT step; draft.ttt_steps="
+                          f"{cfg.draft.ttt_steps}, got {len(cfg.draft.step_weights)}")
+    if t.feature_noise < 0:
+        raise ConfigError(f"trainer.feature_noise: must be >= 0, got {t.feature_noise}")
+    if not 0.0 < t.mix_fraction < 1.0:
+        raise ConfigError(f"trainer.mix_fraction: must be in (0, 1), got {t.mix_fraction}")
+    from specft.quant.spec import load_quant_config
 
+    if cfg.draft.quant is not None:
         load_quant_config(cfg.draft.quant, "draft.quant")
+    if t.mix_quant is not None:
+        load_quant_config(t.mix_quant, "trainer.mix_quant")
     DATA_SOURCES.get(cfg.data.name, "data.name")
     if cfg.data.name != "synthetic" and not cfg.data.path:
         raise ConfigError(f"data.path: required for data.name={cfg.data.name}")

@@ -30,6 +30,15 @@ def _init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _with_quant(cfg: RootConfig, name: str) -> RootConfig:
+    """The same run with another target quant config (for mixed-target training)."""
+    import dataclasses
+
+    from specft.quant.spec import load_quant_config
+
+    return dataclasses.replace(cfg, quant=load_quant_config(name, "trainer.mix_quant"))
+
+
 def run(cfg: RootConfig, command: str) -> Path | None:
     from specft.cache import ensure_cache
     from specft.launch import set_single_rank_env
@@ -49,7 +58,10 @@ def run(cfg: RootConfig, command: str) -> Path | None:
         if command == "train":
             from specft.train.trainer import Trainer
 
-            return Trainer(cfg, cache_dir, rank, world).train()
+            mix_dir = None
+            if cfg.trainer.mix_quant is not None:
+                mix_dir = ensure_cache(_with_quant(cfg, cfg.trainer.mix_quant), rank, world)
+            return Trainer(cfg, cache_dir, rank, world, mix_dir).train()
         return cache_dir
     finally:
         if needs_dist:

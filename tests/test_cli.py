@@ -150,17 +150,24 @@ def test_wandb_offline_run_holds_metrics(tmp_path):
     ["trainer.zero_stage=2", "loss=lk", "trainer.grad_accum=2"],
     ["trainer.zero_stage=3", "loss=tv"],
     ["trainer.precision=bf16", "loss=ce"],
+    ["draft=mtp", "draft.quant=fp8"],
+    ["trainer.mix_quant=bf16", "trainer.feature_noise=0.05", "draft.ttt_steps=3",
+     "draft.step_weights=[1.0,0.5,0.25]"],
 ])
 def test_training_variants_run_and_checkpoint(tmp_path, extra):
-    run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=4", "data.num_samples=48",
-             *extra], cwd=tmp_path)
+    proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=4",
+                    "data.num_samples=48", *extra], cwd=tmp_path)
+    if "trainer.mix_quant=bf16" in extra:  # both targets' caches were built
+        assert {p.name.split("-")[1] for p in (tmp_path / "cache").iterdir()} == {"bf16", "mxfp4"}
+        assert "quant bf16:" in proc.stderr and "quant mxfp4:" in proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     m = _metrics(run_dir)
     assert [r["step"] for r in m] == [1, 2, 3, 4] and all(r["loss"] == r["loss"] for r in m)
     from safetensors.torch import load_file
 
     state = load_file(str(run_dir / "checkpoints/final/draft.safetensors"))
-    assert state["fc.weight"].shape == (64, 192)  # consolidated, even under ZeRO-3
+    key, shape = ("eh_proj.weight", (64, 128)) if "draft=mtp" in extra else ("fc.weight", (64, 192))
+    assert state[key].shape == shape  # consolidated, even under ZeRO-3
 
 
 def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path):

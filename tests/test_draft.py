@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from specft.draft import Eagle3Config, Eagle3Draft, build_draft_vocab
+from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft, build_draft_vocab
 from specft.train.losses import (
     LossInputs,
     MixtureLoss,
@@ -53,7 +53,7 @@ def test_ttt_step_matches_chain_drafting_by_hand():
         ids = torch.randint(0, 50, (1, 9))
         aux = torch.randn(1, 9, 48)
         with torch.no_grad():
-            logits = d(ids, aux, steps=2).logits
+            logits = d(ids, aux, None, steps=2).logits
             g = d.fc(aux)
             x0 = torch.cat([layer.input_layernorm(d.embed_tokens(ids[:, 1:])),
                             layer.hidden_norm(g[:, :8])], -1)
@@ -106,3 +106,24 @@ def test_ttt_objective_shifts_and_masks_per_step():
     assert res.step_tokens == [2, 1] and res.step_acc == [1.0, 0.0]
     assert res.step_losses[0] < 1e-6 and math.isclose(res.step_losses[1], 60.0, rel_tol=1e-4)
     assert math.isclose(res.loss.item(), res.step_losses[0] + 0.8 * res.step_losses[1], rel_tol=1e-6)
+
+
+def test_mtp_step_is_a_causal_block_over_the_shifted_sequence_by_hand():
+    torch.manual_seed(0)
+    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
+                     target_vocab_size=50, draft_vocab_size=20, qk_norm=True)
+    lm_head = torch.randn(50, 16)
+    vocab = torch.arange(0, 40, 2)
+    d = MtpDraft(c, torch.randn(50, 16), vocab, lm_head)
+    ids, final = torch.randint(0, 50, (1, 9)), torch.randn(1, 9, 16)
+    with torch.no_grad():
+        out = d(ids, None, final, steps=2)
+        p = 4
+        x0 = d.eh_proj(torch.cat([d.hnorm(final[:, : p + 1]), d.enorm(d.embed_tokens(ids[:, 1: p + 2]))], -1))
+        h0 = d.block(x0, torch.arange(p + 1))  # causal: a prefix gives the same rows
+        torch.testing.assert_close(out.hidden[0][:, : p + 1], h0)
+        x1 = d.eh_proj(torch.cat([d.hnorm(out.hidden[0][:, : p + 1]), d.enorm(d.embed_tokens(ids[:, 2: p + 3]))], -1))
+        h1 = d.block(x1, torch.arange(1, p + 2))
+        torch.testing.assert_close(out.hidden[1][0, p], h1[0, p])
+        # The shared head is the target's own lm_head restricted to the draft vocab.
+        torch.testing.assert_close(out.logits[1][0, p], d.shared_head["norm"](h1[0, p]) @ lm_head[vocab].T)

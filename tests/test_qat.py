@@ -32,7 +32,7 @@ def test_qat_linear_matches_fake_quant_of_weights_and_inputs():
 def test_qat_gradients_reach_the_master_weights():
     draft = _draft()
     apply_draft_qat(draft, quant_cfg("fp8"))
-    out = draft(torch.randint(0, 100, (2, 7)), torch.randn(2, 7, 192), steps=2)
+    out = draft(torch.randint(0, 100, (2, 7)), torch.randn(2, 7, 192), None, steps=2)
     sum(lg.float().pow(2).mean() for lg in out.logits).backward()
     for name in ("fc", "midlayer.self_attn.q_proj", "midlayer.mlp.gate_proj"):
         grad = dict(draft.named_modules())[name].weight.grad

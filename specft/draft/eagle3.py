@@ -160,7 +160,8 @@ class Eagle3Draft(nn.Module):
         t2d[draft_to_target] = True
         self.register_buffer("t2d", t2d)
 
-    def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> DraftOutput:
+    def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, final_hidden: torch.Tensor | None,
+                steps: int) -> DraftOutput:
         """TTT unroll for steps 0..steps-1: draft logits [B, T, Vd] and hidden states
         [B, T, H]. Step j at position p predicts token x[p+j+2], i.e. matches the
         target's distribution at p+j+1."""

@@ -55,7 +55,7 @@ def write_draft_files(folder: Path, draft, extra_config: dict, run_config_yaml: 
                       state: dict[str, torch.Tensor] | None = None) -> None:
     state = consolidated_state(draft) if state is None else state
     save_file(state, str(folder / "draft.safetensors"))
-    config = {"architecture": "eagle3", **asdict(draft.config), **extra_config}
+    config = {**asdict(draft.config), **extra_config}
     (folder / "draft_config.json").write_text(json.dumps(config, indent=2))
     (folder / "config.yaml").write_text(run_config_yaml)
 

@@ -55,11 +55,14 @@ def acceptance_length(step_acc: list[float]) -> float:
 
 
 def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_target: torch.Tensor,
-                  loss_fn, step_weight_decay: float,
+                  loss_fn, step_weights: float | list[float],
                   draft_hidden: list[torch.Tensor] | None = None) -> StepResult:
     """Step j's outputs at position p are scored against the target at p+j+1. Positions
     whose target argmax is outside the draft vocabulary carry no loss (as EAGLE-3), but
-    count as misses in acc_j."""
+    count as misses in acc_j. ``step_weights``: one weight per step, or a decay d giving
+    step j the weight d ** j."""
+    if not isinstance(step_weights, (list, tuple)):
+        step_weights = [step_weights**j for j in range(len(draft_logits))]
     t = view.argmax.shape[1]
     res = StepResult(draft_logits[0].new_zeros(()))
     for j, logits in enumerate(draft_logits):
@@ -77,7 +80,7 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
                             draft_hidden[j][:, :n].float() if draft_hidden is not None else None,
                             view.hidden[:, j + 1:] if view.hidden is not None else None)
         step_loss = (loss_fn(inputs) * weight).sum() / weight.sum().clamp(min=1.0)
-        res.loss = res.loss + (step_weight_decay ** j) * step_loss
+        res.loss = res.loss + step_weights[j] * step_loss
         with torch.no_grad():
             denom = valid.sum().clamp(min=1.0)
             hit = (draft_to_target[logits.argmax(-1)] == view.argmax[:, j + 1:]).float()

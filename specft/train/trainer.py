@@ -13,6 +13,7 @@ from specft.cache import CacheReader
 from specft.config import RootConfig
 from specft.draft import DRAFT_HEADS, Eagle3Config, build_draft_vocab
 from specft.draft.qat import apply_draft_qat
+from specft.errors import SpecftError
 from specft.quant.spec import load_quant_config
 from specft.train.batches import StepSampler, collate
 from specft.train.checkpoint import (
@@ -43,7 +44,7 @@ def build_draft(cfg: RootConfig, reader: CacheReader):
         target_vocab_size=target["vocab_size"], draft_vocab_size=vocab.size,
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
     head = reader.target_head()
-    draft = DRAFT_HEADS.get(cfg.draft.name, "draft.name")(c, head["embed_tokens"], vocab.draft_to_target)
+    draft = DRAFT_HEADS.get(cfg.draft.name, "draft.name")(c, head, vocab)
     if cfg.draft.quant is not None:
         switched = apply_draft_qat(draft, load_quant_config(cfg.draft.quant, "draft.quant"))
         log.info("draft QAT (%s): %d linear layers", cfg.draft.quant, len(switched))
@@ -103,11 +104,16 @@ def _sum_across_ranks(value: int, world_size: int) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: RootConfig, cache_dir: Path, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: RootConfig, cache_dir: Path, rank: int = 0, world_size: int = 1,
+                 mix_cache_dir: Path | None = None):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.reader = CacheReader(cache_dir)
+        self.mix_reader = CacheReader(mix_cache_dir) if mix_cache_dir is not None else None
+        if self.mix_reader is not None and len(self.mix_reader) != len(self.reader):
+            raise SpecftError(f"trainer.mix_quant: caches differ in samples ({len(self.reader)} vs "
+                              f"{len(self.mix_reader)})")
         # Subnormal floats run ~100x slower on CPUs; as the draft trains, attention and
         # optimizer states produce them and steps crawl. Flushing them costs no accuracy
         # that matters for training.
@@ -120,7 +126,8 @@ class Trainer:
         self.sampler = StepSampler(len(self.train_idx), cfg.seed, cfg.trainer.micro_batch_size,
                                    cfg.trainer.grad_accum, rank, world_size)
         self.run_config_yaml = (self.run_dir / "config.yaml").read_text()
-        self.extra_config = {"target_model": cfg.model.name, "quant": cfg.quant.name,
+        self.extra_config = {"architecture": cfg.draft.name, "target_model": cfg.model.name,
+                             "quant": cfg.quant.name, "draft_quant": cfg.draft.quant,
                              "aux_layer_ids": self.reader.manifest["aux_layer_ids"],
                              "target_hidden_size": cfg.model.hidden_size}
 
@@ -132,15 +139,35 @@ class Trainer:
         log.info("resumed from %s (step %d)", self.ckpt_root / tag, step)
         return step
 
-    def _forward(self, indices: list[int]) -> tuple[StepResult, int]:
-        return self._forward_batch(collate([self.reader[i] for i in indices]))
+    def _fetch(self, index: int, step: int | None) -> dict:
+        """One cached sample; while training with trainer.mix_quant, a seeded share of
+        samples come from the other target's cache (same tokens, other features)."""
+        t = self.cfg.trainer
+        if step is not None and self.mix_reader is not None:
+            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 65_537 + index)
+            if torch.rand((), generator=g).item() < t.mix_fraction:
+                return self.mix_reader[index]
+        return self.reader[index]
+
+    def _forward(self, indices: list[int], step: int | None = None) -> tuple[StepResult, int]:
+        """``step`` is set while training (mixing and noise apply), None in validation."""
+        batch = collate([self._fetch(i, step) for i in indices])
+        noise = self.cfg.trainer.feature_noise
+        if step is not None and noise > 0:
+            for key in ("aux_hidden", "final_hidden"):
+                x = batch[key]
+                rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+                batch[key + "_input"] = x + noise * rms * torch.randn_like(x)
+        return self._forward_batch(batch)
 
     def _forward_batch(self, batch: dict) -> tuple[StepResult, int]:
         draft = self.engine.module
         view = target_view(batch, self.lm_head, draft.draft_to_target, draft.t2d)
-        out = self.engine(batch["input_ids"], batch["aux_hidden"], self.cfg.draft.ttt_steps)
-        res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn,
-                            self.cfg.draft.step_weight_decay, out.hidden)
+        # Noise perturbs what the draft reads, never the target it is scored against.
+        out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
+                          batch.get("final_hidden_input", batch["final_hidden"]), self.cfg.draft.ttt_steps)
+        weights = self.cfg.draft.step_weights or self.cfg.draft.step_weight_decay
+        res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn, weights, out.hidden)
         return res, int(batch["loss_mask"].sum())
 
     def _record(self, results: list[StepResult], step: int, tokens: int, split: str) -> dict:
@@ -159,7 +186,7 @@ class Trainer:
     def _train_step(self, step: int) -> dict:
         results, tokens = [], 0
         for indices in self.sampler.micro_batches(step):
-            res, n = self._forward([self.train_idx[i] for i in indices])
+            res, n = self._forward([self.train_idx[i] for i in indices], step)
             self.engine.backward(res.loss)
             self.engine.step()
             results.append(res)
