@@ -66,8 +66,13 @@ class CacheConfig:
 class DraftConfig:
     name: str = "eagle3"
     vocab_size: int = 32000
-    num_layers: int = 1
+    num_layers: int = 1  # eagle3: decoder layers (the first reads 2H); mtp: 1
     intermediate_size: int | None = None  # null: the target's
+    # Attention shape; null: the target's. The draft's hidden size is the target's (the
+    # frozen target embedding and the serving engines' EAGLE-3 loaders need it).
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
     ttt_steps: int = 7
     step_weight_decay: float = 0.8  # TTT step k's loss weight: decay ** k ...
     step_weights: list[float] | None = None  # ... unless given explicitly, one per step
@@ -240,9 +245,14 @@ def validate(cfg: RootConfig) -> None:
     _positive(cfg.data.max_seq_len, "data.max_seq_len")
     _positive(cfg.draft.vocab_size, "draft.vocab_size")
     _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
-    if cfg.draft.num_layers != 1:
-        raise ConfigError(f"draft.num_layers: {cfg.draft.name} has one decoder layer; allowed: 1, "
+    _positive(cfg.draft.num_layers, "draft.num_layers")
+    if cfg.draft.name == "mtp" and cfg.draft.num_layers != 1:
+        raise ConfigError(f"draft.num_layers: an mtp module has one decoder layer; allowed: 1, "
                           f"got {cfg.draft.num_layers}")
+    heads = cfg.draft.num_heads or cfg.model.num_heads
+    kv = cfg.draft.num_kv_heads or (cfg.model.num_kv_heads if not cfg.draft.num_heads else heads)
+    if heads % kv:
+        raise ConfigError(f"draft.num_kv_heads: must divide num_heads={heads}, got {kv}")
     t = cfg.trainer
     for name in ("max_steps", "micro_batch_size", "grad_accum", "lr", "nproc", "save_every", "keep_last", "log_every"):
         _positive(getattr(t, name), f"trainer.{name}")

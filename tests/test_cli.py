@@ -151,6 +151,7 @@ def test_wandb_offline_run_holds_metrics(tmp_path):
     ["trainer.zero_stage=3", "loss=tv"],
     ["trainer.precision=bf16", "loss=ce"],
     ["draft=mtp", "draft.quant=fp8"],
+    ["draft.num_layers=2", "draft.num_heads=8", "draft.num_kv_heads=8", "draft.head_dim=8"],
     ["trainer.mix_quant=bf16", "trainer.feature_noise=0.05", "draft.ttt_steps=3",
      "draft.step_weights=[1.0,0.5,0.25]"],
 ])

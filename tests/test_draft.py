@@ -127,3 +127,18 @@ def test_mtp_step_is_a_causal_block_over_the_shifted_sequence_by_hand():
         torch.testing.assert_close(out.hidden[1][0, p], h1[0, p])
         # The shared head is the target's own lm_head restricted to the draft vocab.
         torch.testing.assert_close(out.logits[1][0, p], d.shared_head["norm"](h1[0, p]) @ lm_head[vocab].T)
+
+
+def test_extra_eagle3_layers_chain_and_keep_their_own_ttt_keys():
+    torch.manual_seed(0)
+    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=4, head_dim=4, intermediate_size=32,
+                     target_vocab_size=50, draft_vocab_size=20, num_layers=3)
+    d = Eagle3Draft(c, torch.randn(50, 16), torch.arange(0, 40, 2))
+    assert len(d.extra_layers) == 2 and d.extra_layers[0].self_attn.q_proj.in_features == 16
+    ids, aux = torch.randint(0, 50, (1, 6)), torch.randn(1, 6, 48)
+    with torch.no_grad():
+        out = d(ids, aux, None, steps=1)
+        h = d.fc(aux)
+        for layer in [d.midlayer, *d.extra_layers]:
+            h = layer(d.embed_tokens(torch.nn.functional.pad(ids[:, 1:], (0, 1))), h, torch.arange(6), [], [])
+        torch.testing.assert_close(out.hidden[0], h)

@@ -34,6 +34,7 @@ class Eagle3Config:
     rms_norm_eps: float = 1e-6
     qk_norm: bool = False
     num_aux_layers: int = 3
+    num_layers: int = 1
 
 
 @dataclass
@@ -74,12 +75,12 @@ class Rotary(nn.Module):
 
 
 class Eagle3Attention(nn.Module):
-    def __init__(self, c: Eagle3Config):
+    def __init__(self, c: Eagle3Config, in_features: int):
         super().__init__()
         self.c = c
-        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.q_proj = nn.Linear(in_features, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_features, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_features, c.num_kv_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
@@ -118,11 +119,16 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3Layer(nn.Module):
-    def __init__(self, c: Eagle3Config):
+    """A decoder layer with TTT attention. The first layer reads [norm(embedding);
+    norm(hidden)] (2H); later layers (draft.num_layers > 1) read norm(hidden) (H)."""
+
+    def __init__(self, c: Eagle3Config, first: bool = True):
         super().__init__()
+        self.first = first
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = Eagle3Attention(c)
+        if first:
+            self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Eagle3Attention(c, (2 if first else 1) * c.hidden_size)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = nn.ModuleDict({
             "gate_proj": nn.Linear(c.hidden_size, c.intermediate_size, bias=False),
@@ -136,7 +142,10 @@ class Eagle3Layer(nn.Module):
 
     def forward(self, emb, hidden, positions, keys: list, values: list):
         """One TTT step; appends this step's k/v to ``keys``/``values``."""
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+        if self.first:
+            x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+        else:
+            x = self.input_layernorm(hidden)
         q, k, v = self.self_attn.qkv(x, positions)
         keys.append(k)
         values.append(v)
@@ -150,6 +159,7 @@ class Eagle3Draft(nn.Module):
         self.config = c
         self.fc = nn.Linear(c.num_aux_layers * c.hidden_size, c.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(c)
+        self.extra_layers = nn.ModuleList(Eagle3Layer(c, first=False) for _ in range(c.num_layers - 1))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         # The target's embedding, frozen: copied, never trained.
@@ -167,12 +177,15 @@ class Eagle3Draft(nn.Module):
         target's distribution at p+j+1."""
         hidden = self.fc(aux_hidden.to(self.fc.weight.dtype))  # bf16 training casts the module
         t = input_ids.shape[1]
-        keys, values = [], []
+        layers = [self.midlayer, *self.extra_layers]
+        keys, values = [[] for _ in layers], [[] for _ in layers]  # per layer, per step
         out = DraftOutput([], [])
         for j in range(steps):
             tokens = F.pad(input_ids[:, j + 1:], (0, j + 1), value=0)
             positions = torch.arange(j, t + j, device=input_ids.device)
-            hidden = self.midlayer(self.embed_tokens(tokens), hidden, positions, keys, values)
+            emb = self.embed_tokens(tokens)
+            for i, layer in enumerate(layers):
+                hidden = layer(emb, hidden, positions, keys[i], values[i])
             out.hidden.append(hidden)
             out.logits.append(self.lm_head(self.norm(hidden)))
         return out

@@ -37,9 +37,13 @@ def build_draft(cfg: RootConfig, reader: CacheReader):
     vocab = build_draft_vocab(reader.token_counts(), cfg.draft.vocab_size)
     log.info("draft vocab: %d tokens cover %.1f%% of training tokens", vocab.size, 100 * vocab.coverage)
     qk_norm = cfg.draft.qk_norm if cfg.draft.qk_norm is not None else target["family"].startswith("qwen3")
+    d = cfg.draft
+    heads = d.num_heads or target["num_heads"]
+    # A custom head count without a kv count means plain multi-head attention.
+    kv_heads = d.num_kv_heads or (target["num_kv_heads"] if not d.num_heads else heads)
     c = Eagle3Config(
-        hidden_size=cfg.model.hidden_size, num_heads=target["num_heads"],
-        num_kv_heads=target["num_kv_heads"], head_dim=target["head_dim"],
+        hidden_size=cfg.model.hidden_size, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=d.head_dim or target["head_dim"], num_layers=d.num_layers,
         intermediate_size=cfg.draft.intermediate_size or target["intermediate_size"],
         target_vocab_size=target["vocab_size"], draft_vocab_size=vocab.size,
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
