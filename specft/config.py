@@ -68,8 +68,10 @@ class DraftConfig:
     vocab_size: int = 32000
     num_layers: int = 1  # eagle3: decoder layers (the first reads 2H); mtp: 1
     intermediate_size: int | None = None  # null: the target's
-    # Attention shape; null: the target's. The draft's hidden size is the target's (the
-    # frozen target embedding and the serving engines' EAGLE-3 loaders need it).
+    # null: the target's. An eagle3 draft of another width reads the target's features
+    # through fc (3 x target hidden -> hidden) and learns its own token embedding.
+    hidden_size: int | None = None
+    # Attention shape; null: the target's.
     num_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
@@ -246,6 +248,9 @@ def validate(cfg: RootConfig) -> None:
     _positive(cfg.draft.vocab_size, "draft.vocab_size")
     _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
     _positive(cfg.draft.num_layers, "draft.num_layers")
+    if cfg.draft.name == "mtp" and cfg.draft.hidden_size not in (None, cfg.model.hidden_size):
+        raise ConfigError(f"draft.hidden_size: an mtp module shares the target's head, so its width is "
+                          f"the target's ({cfg.model.hidden_size}); got {cfg.draft.hidden_size}")
     if cfg.draft.name == "mtp" and cfg.draft.num_layers != 1:
         raise ConfigError(f"draft.num_layers: an mtp module has one decoder layer; allowed: 1, "
                           f"got {cfg.draft.num_layers}")

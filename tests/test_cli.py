@@ -151,7 +151,8 @@ def test_wandb_offline_run_holds_metrics(tmp_path):
     ["trainer.zero_stage=3", "loss=tv"],
     ["trainer.precision=bf16", "loss=ce"],
     ["draft=mtp", "draft.quant=fp8"],
-    ["draft.num_layers=2", "draft.num_heads=8", "draft.num_kv_heads=8", "draft.head_dim=8"],
+    ["draft.num_layers=2", "draft.num_heads=8", "draft.num_kv_heads=8", "draft.head_dim=8",
+     "draft.hidden_size=48", "draft.intermediate_size=96"],
     ["trainer.mix_quant=bf16", "trainer.feature_noise=0.05", "draft.ttt_steps=3",
      "draft.step_weights=[1.0,0.5,0.25]"],
 ])
@@ -168,6 +169,9 @@ def test_training_variants_run_and_checkpoint(tmp_path, extra):
 
     state = load_file(str(run_dir / "checkpoints/final/draft.safetensors"))
     key, shape = ("eh_proj.weight", (64, 128)) if "draft=mtp" in extra else ("fc.weight", (64, 192))
+    if "draft.hidden_size=48" in extra:
+        key, shape = "fc.weight", (48, 192)  # 3 x target hidden 64 -> draft hidden 48
+        assert state["extra_layers.0.mlp.down_proj.weight"].shape == (48, 96)
     assert state[key].shape == shape  # consolidated, even under ZeRO-3
 
 

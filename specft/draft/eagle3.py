@@ -35,6 +35,7 @@ class Eagle3Config:
     qk_norm: bool = False
     num_aux_layers: int = 3
     num_layers: int = 1
+    target_hidden_size: int | None = None  # null: hidden_size (the usual EAGLE-3 draft)
 
 
 @dataclass
@@ -157,13 +158,18 @@ class Eagle3Draft(nn.Module):
     def __init__(self, c: Eagle3Config, embed_tokens: torch.Tensor, draft_to_target: torch.Tensor):
         super().__init__()
         self.config = c
-        self.fc = nn.Linear(c.num_aux_layers * c.hidden_size, c.hidden_size, bias=False)
+        target_hidden = c.target_hidden_size or c.hidden_size
+        self.fc = nn.Linear(c.num_aux_layers * target_hidden, c.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(c)
         self.extra_layers = nn.ModuleList(Eagle3Layer(c, first=False) for _ in range(c.num_layers - 1))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        # The target's embedding, frozen: copied, never trained.
-        self.embed_tokens = nn.Embedding.from_pretrained(embed_tokens.float().clone(), freeze=True)
+        if embed_tokens.shape[1] == c.hidden_size:
+            # The target's embedding, frozen: copied, never trained.
+            self.embed_tokens = nn.Embedding.from_pretrained(embed_tokens.float().clone(), freeze=True)
+        else:  # a draft narrower or wider than the target learns its own embedding
+            self.embed_tokens = nn.Embedding(embed_tokens.shape[0], c.hidden_size)
+            nn.init.normal_(self.embed_tokens.weight, std=0.02)
         self.register_buffer("draft_to_target", draft_to_target.long().clone())
         self.register_buffer("d2t", draft_to_target.long() - torch.arange(len(draft_to_target)))
         t2d = torch.zeros(c.target_vocab_size, dtype=torch.bool)

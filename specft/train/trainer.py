@@ -42,7 +42,8 @@ def build_draft(cfg: RootConfig, reader: CacheReader):
     # A custom head count without a kv count means plain multi-head attention.
     kv_heads = d.num_kv_heads or (target["num_kv_heads"] if not d.num_heads else heads)
     c = Eagle3Config(
-        hidden_size=cfg.model.hidden_size, num_heads=heads, num_kv_heads=kv_heads,
+        hidden_size=d.hidden_size or cfg.model.hidden_size, target_hidden_size=cfg.model.hidden_size,
+        num_heads=heads, num_kv_heads=kv_heads,
         head_dim=d.head_dim or target["head_dim"], num_layers=d.num_layers,
         intermediate_size=cfg.draft.intermediate_size or target["intermediate_size"],
         target_vocab_size=target["vocab_size"], draft_vocab_size=vocab.size,

@@ -1,0 +1,73 @@
+"""Stage 1: the hidden-state cache (writer, reader, manifest)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from specft.cache.manifest import atomic_write_json
+from specft.cache.reader import CacheReader
+from specft.cache.writer import (
+    CacheWriter, build_provenance, cache_is_complete, merge_manifest, resolve_cache_dir,
+    save_side_files,
+)
+from specft.config import RootConfig, aux_layer_ids
+
+log = logging.getLogger(__name__)
+
+
+def _barrier(world_size: int) -> None:
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _calibration_batches(samples, n: int):
+    """The first ``n`` samples, one at a time: every rank calibrates on the same data, so
+    static scales agree across ranks."""
+    for s in samples[:n]:
+        yield {"input_ids": s.input_ids[None]}
+
+
+def locate_cache(cfg: RootConfig):
+    """(cache dir, provenance, tokenizer) for this config, without loading the model."""
+    from specft.target import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model)
+    provenance = build_provenance(cfg, tokenizer)
+    return resolve_cache_dir(cfg, provenance), provenance, tokenizer
+
+
+def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
+    """Build (or finish) the cache for ``cfg`` unless a complete one exists; return its dir."""
+    from specft.data import load_samples
+    from specft.quant import apply_quant, calibrate
+    from specft.target import FeatureCapture, load_target
+    from specft.target.loader import target_facts
+
+    cache_dir, provenance, tokenizer = locate_cache(cfg)
+    if cache_is_complete(cache_dir, provenance):
+        log.info("cache: reusing %s", cache_dir)
+        return cache_dir
+    _barrier(world_size)  # every rank has checked before rank 0 may write a manifest
+    samples = load_samples(cfg.data, tokenizer)
+    model, _ = load_target(cfg.model)
+    report = apply_quant(model, cfg.quant)
+    if cfg.quant.needs_calibration:
+        calibrate(model, report, _calibration_batches(samples, cfg.quant.calibration_samples))
+    log.info("quant %s: %s", cfg.quant.name, report.summary())
+    capture = FeatureCapture(model, aux_layer_ids(cfg.model))
+    CacheWriter(cfg, cache_dir, provenance, rank, world_size).write(capture, samples, tokenizer.pad_token_id)
+    _barrier(world_size)
+    if rank == 0:
+        save_side_files(cache_dir, model, samples)
+        atomic_write_json(cache_dir / "quant_report.json", report.to_dict())
+        manifest = merge_manifest(cfg, cache_dir, provenance, world_size,
+                                  target_facts(cfg.model, model.config))
+        log.info("cache: %d samples, %d tokens at %s", manifest["num_samples"], manifest["num_tokens"], cache_dir)
+    _barrier(world_size)
+    return cache_dir
+
+
+__all__ = ["CacheReader", "CacheWriter", "ensure_cache", "locate_cache"]

@@ -1,0 +1,70 @@
+"""The cache manifest: what a cache holds and the provenance it was built from.
+
+The provenance is every input that changes the cached numbers (model, quant config,
+layer ids, tokenizer, data selection, storage dtype, cache version). Its hash names the
+cache directory; a cache built from different inputs is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from specft.errors import SpecftError
+
+CACHE_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise SpecftError(f"cache: cannot read {path}: {err}") from None
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items())
+    payload = json.dumps([vocab, tokenizer.chat_template or ""], ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def provenance_hash(provenance: dict) -> str:
+    return hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def provenance_diff(stored: dict, current: dict) -> list[str]:
+    a, b = _flatten(stored), _flatten(current)
+    return [f"{k}: cache has {a.get(k)!r}, this run has {b.get(k)!r}"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_provenance(cache_dir: Path, stored: dict, current: dict) -> None:
+    diff = provenance_diff(stored, current)
+    if diff:
+        more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+        raise SpecftError(f"cache at {cache_dir} was built from different inputs: {diff[0]}{more}; "
+                          f"use another cache.dir or delete it")

@@ -1,0 +1,64 @@
+"""Stage 2's view of the cache: samples read lazily from mmap'd safetensors shards."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from specft.cache.manifest import MANIFEST, read_json
+from specft.cache.writer import TARGET_HEAD, TOKEN_COUNTS
+from specft.errors import SpecftError
+
+
+class CacheReader:
+    """Index i -> dict(input_ids, loss_mask, aux_hidden, final_hidden) for sample i in the
+    global data order (sample_index), whatever rank wrote it."""
+
+    def __init__(self, cache_dir: str | Path):
+        self.cache_dir = Path(cache_dir)
+        manifest_path = self.cache_dir / MANIFEST
+        if not manifest_path.exists():
+            raise SpecftError(f"cache: no {MANIFEST} in {self.cache_dir}; run `specft cache` first")
+        self.manifest = read_json(manifest_path)
+        if not self.manifest.get("complete"):
+            raise SpecftError(f"cache: {self.cache_dir} is incomplete; rerun `specft cache` to finish it")
+        self._where: dict[int, tuple[str, int]] = {}
+        for shard in self.manifest["shards"]:
+            for local, global_index in enumerate(shard["sample_index"]):
+                self._where[global_index] = (shard["file"], local)
+        self.indices = sorted(self._where)
+        self._open = lru_cache(maxsize=8)(self._open_shard)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.manifest["hidden_size"]
+
+    def _open_shard(self, file: str):
+        return safe_open(str(self.cache_dir / file), framework="pt")
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        file, local = self._where[self.indices[i]]
+        f = self._open(file)
+        offsets = f.get_slice("offsets")[local: local + 2]
+        a, b = int(offsets[0]), int(offsets[1])
+        return {
+            "input_ids": f.get_slice("input_ids")[a:b].long(),
+            "loss_mask": f.get_slice("loss_mask")[a:b].float(),
+            "aux_hidden": f.get_slice("aux_hidden")[a:b].float(),
+            "final_hidden": f.get_slice("final_hidden")[a:b].float(),
+        }
+
+    def target_head(self) -> dict[str, torch.Tensor]:
+        tensors = load_file(str(self.cache_dir / TARGET_HEAD))
+        tensors.setdefault("embed_tokens", tensors["lm_head"])  # tied embeddings
+        return tensors
+
+    def token_counts(self) -> torch.Tensor:
+        return load_file(str(self.cache_dir / TOKEN_COUNTS))["counts"]

@@ -1,0 +1,223 @@
+"""Stage 1: run the (quantized) target over the data and write the hidden-state cache.
+
+Each rank takes samples i with i % world_size == rank, in shards of
+``samples_per_shard``; every shard is written to a temporary name and moved into place,
+then the rank's progress file is updated atomically. A rerun skips finished shards, so
+an interrupted run resumes where it stopped. Rank 0 merges the progress files into
+manifest.json once all ranks are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from specft.cache.manifest import (
+    CACHE_VERSION, MANIFEST, atomic_write_json, check_provenance, provenance_hash, read_json,
+    tokenizer_fingerprint,
+)
+from specft.config import RootConfig, aux_layer_ids
+from specft.data import Sample
+from specft.errors import SpecftError
+
+log = logging.getLogger(__name__)
+
+STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TARGET_HEAD = "target_head.safetensors"
+TOKEN_COUNTS = "token_counts.safetensors"
+
+
+def build_provenance(cfg: RootConfig, tokenizer) -> dict:
+    from specft.target.loader import checkpoint_fingerprint
+
+    m = cfg.model
+    return {
+        "version": CACHE_VERSION,
+        "checkpoint": checkpoint_fingerprint(m),
+        "model": {k: getattr(m, k) for k in ("name", "source", "path", "gguf_file", "family",
+                                             "num_layers", "hidden_size", "vocab_size", "dtype")},
+        "quant": asdict(cfg.quant),
+        "aux_layer_ids": aux_layer_ids(m),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "data": asdict(cfg.data),
+        "dtype": cfg.cache.dtype,
+    }
+
+
+def resolve_cache_dir(cfg: RootConfig, provenance: dict) -> Path:
+    if cfg.cache.dir:
+        return Path(cfg.cache.dir).expanduser().resolve()
+    name = f"{cfg.model.name}-{cfg.quant.name}-{provenance_hash(provenance)}"
+    return (Path(cfg.cache.root).expanduser() / name).resolve()
+
+
+def shard_name(rank: int, index: int) -> str:
+    return f"shard-r{rank:03d}-{index:06d}.safetensors"
+
+
+def progress_path(cache_dir: Path, rank: int) -> Path:
+    return cache_dir / f"progress-r{rank:03d}.json"
+
+
+def cache_is_complete(cache_dir: Path, provenance: dict) -> bool:
+    """True when a finished cache for exactly these inputs exists; raises when the
+    directory holds a cache built from other inputs."""
+    for path in [cache_dir / MANIFEST, *sorted(cache_dir.glob("progress-r*.json"))]:
+        if path.exists():
+            check_provenance(cache_dir, read_json(path)["provenance"], provenance)
+    manifest = cache_dir / MANIFEST
+    return manifest.exists() and read_json(manifest).get("complete", False)
+
+
+def _to_storage(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    if dtype == "fp16":  # hidden states carry outliers; saturate rather than overflow to inf
+        x = x.clamp(-65504, 65504)
+    return x.to(STORAGE_DTYPES[dtype]).contiguous()
+
+
+def _pad_batch(samples: list[Sample], pad_id: int):
+    length = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(samples), length), dtype=torch.long)
+    for row, s in enumerate(samples):
+        ids[row, : len(s.input_ids)] = s.input_ids
+        attn[row, : len(s.input_ids)] = 1
+    return ids, attn
+
+
+class CacheWriter:
+    def __init__(self, cfg: RootConfig, cache_dir: Path, provenance: dict,
+                 rank: int = 0, world_size: int = 1):
+        self.cfg, self.cache_dir, self.provenance = cfg, cache_dir, provenance
+        self.rank, self.world_size = rank, world_size
+
+    def _my_shards(self, num_samples: int) -> list[list[int]]:
+        mine = list(range(self.rank, num_samples, self.world_size))
+        per = self.cfg.cache.samples_per_shard
+        return [mine[i: i + per] for i in range(0, len(mine), per)]
+
+    def _load_progress(self) -> dict:
+        path = progress_path(self.cache_dir, self.rank)
+        if path.exists():
+            progress = read_json(path)
+            check_provenance(self.cache_dir, progress["provenance"], self.provenance)
+            if progress["world_size"] != self.world_size:
+                raise SpecftError(f"cache at {self.cache_dir} was started with {progress['world_size']} "
+                                  f"ranks; finish it with trainer.nproc={progress['world_size']} "
+                                  f"or delete it")
+            # Trust only shards whose file exists (the progress file is written after it).
+            progress["shards"] = [s for s in progress["shards"] if (self.cache_dir / s["file"]).exists()]
+            return progress
+        return {"provenance": self.provenance, "rank": self.rank, "world_size": self.world_size, "shards": []}
+
+    def estimate_bytes(self, samples: list[Sample]) -> int:
+        tokens = sum(len(s.input_ids) for s in samples)
+        per_value = STORAGE_DTYPES[self.cfg.cache.dtype].itemsize
+        return tokens * 4 * self.cfg.model.hidden_size * per_value + tokens * 9
+
+    def _check_disk(self, samples: list[Sample]) -> None:
+        need = self.estimate_bytes(samples)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.cache_dir).free
+        log.info("cache: %d samples, ~%.1f MB on disk (%.1f GB free) at %s",
+                 len(samples), need / 1e6, free / 1e9, self.cache_dir)
+        if need > free:
+            raise SpecftError(f"cache: needs ~{need / 1e9:.2f} GB but only {free / 1e9:.2f} GB is "
+                              f"free at {self.cache_dir}")
+
+    def _write_shard(self, capture, samples: list[Sample], indices: list[int], pad_id: int,
+                     file: str, bar) -> dict:
+        aux_parts, final_parts = [], []
+        bs = self.cfg.cache.batch_size
+        for start in range(0, len(indices), bs):
+            batch = [samples[i] for i in indices[start: start + bs]]
+            ids, attn = _pad_batch(batch, pad_id)
+            aux, final = capture(ids, attn)
+            for row, s in enumerate(batch):
+                n = len(s.input_ids)
+                aux_parts.append(_to_storage(aux[row, :n], self.cfg.cache.dtype))
+                final_parts.append(_to_storage(final[row, :n], self.cfg.cache.dtype))
+            bar.update(int(attn.sum()))
+        lengths = torch.tensor([len(samples[i].input_ids) for i in indices])
+        tensors = {
+            "input_ids": torch.cat([samples[i].input_ids for i in indices]).to(torch.int32),
+            "loss_mask": torch.cat([samples[i].loss_mask for i in indices]),
+            "aux_hidden": torch.cat(aux_parts),
+            "final_hidden": torch.cat(final_parts),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+            "sample_index": torch.tensor(indices, dtype=torch.long),
+        }
+        fd, tmp = tempfile.mkstemp(prefix=f".{file}.", dir=self.cache_dir)
+        os.close(fd)
+        save_file(tensors, tmp, metadata={"provenance_hash": provenance_hash(self.provenance)})
+        os.replace(tmp, self.cache_dir / file)
+        return {"file": file, "num_samples": len(indices), "num_tokens": int(lengths.sum()),
+                "sample_index": indices}
+
+    def write(self, capture, samples: list[Sample], pad_id: int) -> None:
+        progress = self._load_progress()
+        done = {s["file"] for s in progress["shards"]}
+        shards = self._my_shards(len(samples))
+        pending = [(j, idx) for j, idx in enumerate(shards) if shard_name(self.rank, j) not in done]
+        if not pending:
+            return
+        if self.rank == 0:
+            self._check_disk(samples)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        total = sum(len(samples[i].input_ids) for _, idx in pending for i in idx)
+        t0 = time.perf_counter()
+        with tqdm(total=total, unit="tok", desc=f"cache r{self.rank}", disable=None) as bar:
+            for j, idx in pending:
+                entry = self._write_shard(capture, samples, idx, pad_id, shard_name(self.rank, j), bar)
+                progress["shards"].append(entry)
+                atomic_write_json(progress_path(self.cache_dir, self.rank), progress)
+        log.info("cache r%d: %d tokens in %.1fs", self.rank, total, time.perf_counter() - t0)
+
+
+def save_side_files(cache_dir: Path, model, samples: list[Sample]) -> None:
+    """The target's (quantized, as deployed) lm_head and embedding, which stage 2 needs to
+    recompute target logits and to embed tokens, and the token counts over loss-masked
+    tokens, from which stage 2 builds the draft vocabulary."""
+    head = model.get_output_embeddings().weight.detach()
+    emb = model.get_input_embeddings().weight.detach()
+    tensors = {"lm_head": head.contiguous()}
+    if emb.data_ptr() != head.data_ptr():
+        tensors["embed_tokens"] = emb.contiguous()
+    save_file(tensors, str(cache_dir / TARGET_HEAD))
+    counts = Counter()
+    for s in samples:
+        counts.update(s.input_ids[s.loss_mask.bool()].tolist())
+    vocab = head.shape[0]
+    dense = torch.zeros(vocab, dtype=torch.long)
+    for tok, c in counts.items():
+        if 0 <= tok < vocab:
+            dense[tok] = c
+    save_file({"counts": dense}, str(cache_dir / TOKEN_COUNTS))
+
+
+def merge_manifest(cfg: RootConfig, cache_dir: Path, provenance: dict, world_size: int,
+                   target: dict) -> dict:
+    shards = []
+    for rank in range(world_size):
+        shards.extend(read_json(progress_path(cache_dir, rank))["shards"])
+    manifest = {
+        "version": CACHE_VERSION, "provenance": provenance,
+        "provenance_hash": provenance_hash(provenance), "complete": True,
+        "hidden_size": cfg.model.hidden_size, "aux_layer_ids": aux_layer_ids(cfg.model),
+        "dtype": cfg.cache.dtype, "world_size": world_size, "target": target,
+        "num_samples": sum(s["num_samples"] for s in shards),
+        "num_tokens": sum(s["num_tokens"] for s in shards),
+        "shards": sorted(shards, key=lambda s: s["file"]),
+    }
+    atomic_write_json(cache_dir / MANIFEST, manifest)
+    return manifest
