@@ -116,31 +116,41 @@ def _absolute_paths(cfg: DictConfig) -> None:
 
 def _task(command: str):
     def task(hydra_cfg: DictConfig) -> None:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        from specft.config import to_schema
-        from specft.launch import launch_ranks, run_subprocess_rank
-        from specft.worker import run
-
-        setup_logging()  # Hydra reconfigures logging per job
-        cfg = OmegaConf.create(OmegaConf.to_container(hydra_cfg, resolve=True))
-        _absolute_paths(cfg)
-        cfg.meta = {"git_sha": _git_sha(), "command": command, "argv": sys.argv[1:]}
-        root = to_schema(cfg)
-        run_dir = Path(root.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_path = run_dir / "config.yaml"
-        config_path.write_text(OmegaConf.to_yaml(cfg))
-        log.info("%s: run dir %s", command, run_dir)
-        if root.trainer.nproc > 1:
-            launch_ranks(config_path, command, root.trainer.nproc)
-        elif HydraConfig.get().mode == RunMode.MULTIRUN:
-            run_subprocess_rank(config_path, command)
-        else:
-            run(root, command)
+        try:
+            _run_job(command, hydra_cfg)
+        except SpecftError as err:
+            # Hydra turns exceptions into tracebacks and exit 1; bad input is one line, exit 2.
+            print(f"error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     return task
+
+
+def _run_job(command: str, hydra_cfg: DictConfig) -> None:
+    """Resolve, validate and save the config, then run one job's ranks."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specft.config import to_schema
+    from specft.launch import launch_ranks, run_subprocess_rank
+    from specft.worker import run
+
+    setup_logging()  # Hydra reconfigures logging per job
+    cfg = OmegaConf.create(OmegaConf.to_container(hydra_cfg, resolve=True))
+    _absolute_paths(cfg)
+    cfg.meta = {"git_sha": _git_sha(), "command": command, "argv": sys.argv[1:]}
+    root = to_schema(cfg)
+    run_dir = Path(root.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(OmegaConf.to_yaml(cfg))
+    log.info("%s: run dir %s", command, run_dir)
+    if root.trainer.nproc > 1:
+        launch_ranks(config_path, command, root.trainer.nproc)
+    elif HydraConfig.get().mode == RunMode.MULTIRUN:
+        run_subprocess_rank(config_path, command)
+    else:
+        run(root, command)
 
 
 def main(argv: list[str] | None = None) -> int:

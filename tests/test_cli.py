@@ -188,3 +188,13 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path):
     assert [r["tokens"] for r in one] == [r["tokens"] for r in two]
     for a, b in zip(one, two):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a["step"], a["loss"], b["loss"])
+
+
+def test_mismatched_cache_inside_a_job_is_one_line_exit_2(tmp_path):
+    common = ["model=tiny_qwen3", "data.num_samples=8", f"cache.dir={tmp_path / 'c'}"]
+    run_cli(["cache", "quant=mxfp4", *common], cwd=tmp_path)
+    proc = run_cli(["cache", "quant=fp8", *common], cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "quant.name: cache has 'mxfp4', this run has 'fp8'" in errors[0]
+    assert "Traceback" not in proc.stderr

@@ -8,7 +8,11 @@ from pathlib import Path
 from specft.cache.manifest import atomic_write_json
 from specft.cache.reader import CacheReader
 from specft.cache.writer import (
-    CacheWriter, build_provenance, cache_is_complete, merge_manifest, resolve_cache_dir,
+    CacheWriter,
+    build_provenance,
+    cache_is_complete,
+    merge_manifest,
+    resolve_cache_dir,
     save_side_files,
 )
 from specft.config import RootConfig, aux_layer_ids

@@ -23,7 +23,12 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specft.cache.manifest import (
-    CACHE_VERSION, MANIFEST, atomic_write_json, check_provenance, provenance_hash, read_json,
+    CACHE_VERSION,
+    MANIFEST,
+    atomic_write_json,
+    check_provenance,
+    provenance_hash,
+    read_json,
     tokenizer_fingerprint,
 )
 from specft.config import RootConfig, aux_layer_ids
