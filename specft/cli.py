@@ -18,8 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from specft.errors import ConfigError, SpecftError
 from specft.paths import conf_dir
 
-COMMANDS = ("cache", "train")
+COMMANDS = ("cache", "train", "info")
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
+       specft info CACHE_DIR           # what a cache holds
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8
@@ -153,6 +154,20 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
         run(root, command)
 
 
+def _info(args: list[str]) -> int:
+    from specft.cache.info import describe
+
+    if len(args) != 1:
+        print("error: usage: specft info CACHE_DIR", file=sys.stderr)
+        return 2
+    try:
+        print(describe(args[0]))
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import hydra
 
@@ -164,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if command == "info":
+        return _info(overrides)
     setup_logging()
     hydra_flags = [a for a in overrides if a.startswith("-")]
     plain = [a for a in overrides if not a.startswith("-")]

@@ -17,7 +17,7 @@ from specft.quant.spec import QuantConfig
 MODEL_SOURCES = ("hf", "gguf", "tiny", "smollm2_package")
 MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-CACHE_DTYPES = ("bf16", "fp16", "fp32")
+CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PRECISIONS = ("fp32", "bf16")
 
 

@@ -92,3 +92,20 @@ def test_mismatched_cache_is_refused_naming_the_field(tmp_path):
         ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "quant=fp8"))
     with pytest.raises(SpecftError, match=r"aux_layer_ids"):
         ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "model.aux_layer_ids=[0,2,5]"))
+
+
+def test_fp8_storage_is_e4m3_with_per_token_group_scales(tmp_path):
+    exact = CacheReader(ensure_cache(_cfg(tmp_path)))  # fp32 storage
+    fp8_dir = ensure_cache(_cfg(tmp_path, "cache.dtype=fp8"))
+    bf16_dir = ensure_cache(_cfg(tmp_path, "cache.dtype=bf16"))
+    fp8 = CacheReader(fp8_dir)
+    for i in range(len(exact)):
+        for key, groups in (("aux_hidden", 3), ("final_hidden", 1)):
+            x, y = exact[i][key], fp8[i][key]
+            g = x.reshape(len(x), groups, -1)
+            scale = g.abs().amax(-1, keepdim=True) / 448.0
+            # E4M3: 3 mantissa bits (half step 2^-4 relative); subnormal half step 2^-10 * scale
+            bound = g.abs() / 16 + scale / 1024
+            assert ((y.reshape(g.shape) - g).abs() <= bound * (1 + 1e-6)).all(), (i, key)
+    size = {d: sum(p.stat().st_size for p in d.glob("shard-*")) for d in (fp8_dir, bf16_dir)}
+    assert 0.45 < size[fp8_dir] / size[bf16_dir] < 0.6, size

@@ -198,3 +198,13 @@ def test_mismatched_cache_inside_a_job_is_one_line_exit_2(tmp_path):
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "quant.name: cache has 'mxfp4', this run has 'fp8'" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_info_describes_a_cache(tmp_path):
+    run_cli(["cache", "model=tiny_qwen3", "quant=fp8", "data.num_samples=8", "cache.dtype=fp8"], cwd=tmp_path)
+    (cache_dir,) = _cache_dirs(tmp_path / "cache")
+    out = run_cli(["info", str(cache_dir)], cwd=tmp_path).stdout
+    assert "(complete)" in out and "quant      fp8 (weight e4m3 channel" in out
+    assert "storage    fp8, 1 shards" in out and "contents   8 samples" in out
+    bad = run_cli(["info", str(tmp_path)], cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: info:")

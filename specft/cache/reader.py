@@ -10,6 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from specft.cache.manifest import MANIFEST, read_json
+from specft.cache.storage import SCALE_SUFFIX, decode
 from specft.cache.writer import TARGET_HEAD, TOKEN_COUNTS
 from specft.errors import SpecftError
 
@@ -51,9 +52,15 @@ class CacheReader:
         return {
             "input_ids": f.get_slice("input_ids")[a:b].long(),
             "loss_mask": f.get_slice("loss_mask")[a:b].float(),
-            "aux_hidden": f.get_slice("aux_hidden")[a:b].float(),
-            "final_hidden": f.get_slice("final_hidden")[a:b].float(),
+            "aux_hidden": self._hidden(f, "aux_hidden", a, b),
+            "final_hidden": self._hidden(f, "final_hidden", a, b),
         }
+
+    @staticmethod
+    def _hidden(f, name: str, a: int, b: int) -> torch.Tensor:
+        scale_name = name + SCALE_SUFFIX
+        scale = f.get_slice(scale_name)[a:b] if scale_name in f.keys() else None
+        return decode(f.get_slice(name)[a:b], scale)
 
     def target_head(self) -> dict[str, torch.Tensor]:
         tensors = load_file(str(self.cache_dir / TARGET_HEAD))

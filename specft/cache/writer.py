@@ -31,13 +31,13 @@ from specft.cache.manifest import (
     read_json,
     tokenizer_fingerprint,
 )
+from specft.cache.storage import bytes_per_value, encode
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import Sample
 from specft.errors import SpecftError
 
 log = logging.getLogger(__name__)
 
-STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TARGET_HEAD = "target_head.safetensors"
 TOKEN_COUNTS = "token_counts.safetensors"
 
@@ -84,12 +84,6 @@ def cache_is_complete(cache_dir: Path, provenance: dict) -> bool:
     return manifest.exists() and read_json(manifest).get("complete", False)
 
 
-def _to_storage(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    if dtype == "fp16":  # hidden states carry outliers; saturate rather than overflow to inf
-        x = x.clamp(-65504, 65504)
-    return x.to(STORAGE_DTYPES[dtype]).contiguous()
-
-
 def _pad_batch(samples: list[Sample], pad_id: int):
     length = max(len(s.input_ids) for s in samples)
     ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
@@ -127,8 +121,8 @@ class CacheWriter:
 
     def estimate_bytes(self, samples: list[Sample]) -> int:
         tokens = sum(len(s.input_ids) for s in samples)
-        per_value = STORAGE_DTYPES[self.cfg.cache.dtype].itemsize
-        return tokens * 4 * self.cfg.model.hidden_size * per_value + tokens * 9
+        per_value = bytes_per_value(self.cfg.cache.dtype)
+        return int(tokens * 4 * self.cfg.model.hidden_size * per_value) + tokens * 9
 
     def _check_disk(self, samples: list[Sample]) -> None:
         need = self.estimate_bytes(samples)
@@ -150,15 +144,15 @@ class CacheWriter:
             aux, final = capture(ids, attn)
             for row, s in enumerate(batch):
                 n = len(s.input_ids)
-                aux_parts.append(_to_storage(aux[row, :n], self.cfg.cache.dtype))
-                final_parts.append(_to_storage(final[row, :n], self.cfg.cache.dtype))
+                aux_parts.append(aux[row, :n].float())
+                final_parts.append(final[row, :n].float())
             bar.update(int(attn.sum()))
         lengths = torch.tensor([len(samples[i].input_ids) for i in indices])
         tensors = {
             "input_ids": torch.cat([samples[i].input_ids for i in indices]).to(torch.int32),
             "loss_mask": torch.cat([samples[i].loss_mask for i in indices]),
-            "aux_hidden": torch.cat(aux_parts),
-            "final_hidden": torch.cat(final_parts),
+            **encode("aux_hidden", torch.cat(aux_parts), len(aux_layer_ids(self.cfg.model)), self.cfg.cache.dtype),
+            **encode("final_hidden", torch.cat(final_parts), 1, self.cfg.cache.dtype),
             "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
             "sample_index": torch.tensor(indices, dtype=torch.long),
         }

@@ -1,0 +1,49 @@
+"""`specft info CACHE_DIR`: what a cache holds, finished or not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specft.cache.manifest import MANIFEST, read_json
+from specft.errors import SpecftError
+
+
+def describe(cache_dir: str | Path) -> str:
+    d = Path(cache_dir)
+    manifest = d / MANIFEST
+    progress = sorted(d.glob("progress-r*.json"))
+    if manifest.exists():
+        m = read_json(manifest)
+        state = "complete" if m.get("complete") else "incomplete"
+        shards, prov = m["shards"], m["provenance"]
+    elif progress:
+        parts = [read_json(p) for p in progress]
+        state, prov = f"in progress ({len(parts)} rank(s) started)", parts[0]["provenance"]
+        shards = [s for p in parts for s in p["shards"]]
+    else:
+        raise SpecftError(f"info: {d} holds no specft cache (no {MANIFEST} or progress files)")
+    samples = sum(s["num_samples"] for s in shards)
+    tokens = sum(s["num_tokens"] for s in shards)
+    on_disk = sum((d / s["file"]).stat().st_size for s in shards if (d / s["file"]).exists())
+    q = prov["quant"]
+    lines = [
+        f"cache      {d} ({state})",
+        f"model      {prov['model']['name']} ({prov['model']['family']}, {prov['model']['num_layers']} layers, "
+        f"hidden {prov['model']['hidden_size']}, vocab {prov['model']['vocab_size']})",
+        f"quant      {q['name']} (weight {_spec(q['weight'])}, activation {_spec(q['activation'])}, "
+        f"kv {_spec(q.get('kv'))})",
+        f"layers     aux {prov['aux_layer_ids']} + final post-norm hidden",
+        f"data       {prov['data']['name']} {prov['data']['path'] or ''} (num_samples {prov['data']['num_samples']}, "
+        f"max_seq_len {prov['data']['max_seq_len']}, seed {prov['data']['seed']})",
+        f"storage    {prov['dtype']}, {len(shards)} shards, {on_disk / 1e6:.1f} MB, "
+        f"{on_disk / max(tokens, 1):.0f} bytes/token",
+        f"contents   {samples} samples, {tokens} tokens",
+    ]
+    return "\n".join(lines)
+
+
+def _spec(spec: dict | None) -> str:
+    if not spec:
+        return "none"
+    extra = f"/{spec['block_size']}" if spec["scheme"] in ("group", "block", "mx", "nvfp4") else ""
+    return f"{spec['format']} {spec['scheme']}{extra}"
