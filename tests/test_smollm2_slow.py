@@ -20,6 +20,9 @@ def test_main_job_on_smollm2_runs_both_stages(tmp_path):
     report = json.loads((cache_dir / "quant_report.json").read_text())
     assert sum(r["kind"] == "linear" for r in report["layers"]) == 30 * 7
     run_dir = tmp_path / "runs/smollm2_135m-mxfp4-eagle3-kl"
-    m = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    m = [r for r in records if r["split"] == "train"]
     assert len(m) == 20 and m[-1]["loss"] < m[0]["loss"]
+    (val,) = [r for r in records if r["split"] == "val"]
+    assert val["step"] == 20 and val["accept_len"] >= 1.0
     assert (run_dir / "checkpoints/final/draft.safetensors").exists()
