@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from specft.cache import CacheReader, ensure_cache
+from specft.cache import CacheReader, ensure_cache, locate_cache
 from specft.cache.writer import CacheWriter
 from specft.config import aux_layer_ids
 from specft.data import load_samples
@@ -64,11 +64,15 @@ def test_interrupted_cache_resumes_to_the_same_result(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ensure_cache(cfg)
     monkeypatch.setattr(CacheWriter, "_write_shard", real)
+    partial_dir = locate_cache(cfg)[0]
+    stale = partial_dir / ".shard-r000-000001.safetensors.x1y2"  # a write cut by kill -9
+    stale.write_bytes(b"half a shard")
     written = []
     monkeypatch.setattr(CacheWriter, "_write_shard",
                         lambda self, *a, **k: written.append(a[-2]) or real(self, *a, **k))
     cache_dir = ensure_cache(cfg)
     assert written == ["shard-r000-000001.safetensors", "shard-r000-000002.safetensors"]
+    assert not stale.exists()
     ref, got = CacheReader(ref_dir), CacheReader(cache_dir)
     assert len(ref) == len(got)
     for i in range(len(ref)):

@@ -163,7 +163,14 @@ class CacheWriter:
         return {"file": file, "num_samples": len(indices), "num_tokens": int(lengths.sum()),
                 "sample_index": indices}
 
+    def _remove_stale_temporaries(self) -> None:
+        """A killed run can leave this rank's half-written shard temporaries behind."""
+        for tmp in self.cache_dir.glob(f".shard-r{self.rank:03d}-*"):
+            tmp.unlink(missing_ok=True)
+
     def write(self, capture, samples: list[Sample], pad_id: int) -> None:
+        if self.cache_dir.exists():
+            self._remove_stale_temporaries()
         progress = self._load_progress()
         done = {s["file"] for s in progress["shards"]}
         shards = self._my_shards(len(samples))
