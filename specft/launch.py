@@ -28,6 +28,14 @@ def set_single_rank_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
+def barrier(world_size: int) -> None:
+    """Wait for every rank; a no-op for one rank (no process group needed)."""
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def run_subprocess_rank(config_path: Path, command: str) -> None:
     """One rank in a fresh process: used for multirun jobs, since DeepSpeed keeps
     process-global state that a second in-process job would trip over."""

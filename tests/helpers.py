@@ -4,7 +4,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specft.config import ModelConfig, QuantConfig
+from specft.config import ModelConfig
+from specft.quant.spec import QuantConfig, load_quant_config
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -15,8 +16,7 @@ def model_cfg(name: str) -> ModelConfig:
 
 
 def quant_cfg(name: str) -> QuantConfig:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(QuantConfig),
-                                               OmegaConf.load(CONF / "quant" / f"{name}.yaml")))
+    return load_quant_config(name)
 
 
 def root_cfg(*overrides: str, run_dir="unset"):

@@ -16,15 +16,9 @@ from specft.cache.writer import (
     save_side_files,
 )
 from specft.config import RootConfig, aux_layer_ids
+from specft.launch import barrier
 
 log = logging.getLogger(__name__)
-
-
-def _barrier(world_size: int) -> None:
-    if world_size > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
 
 
 def _calibration_batches(samples, n: int):
@@ -54,7 +48,7 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
     if cache_is_complete(cache_dir, provenance):
         log.info("cache: reusing %s", cache_dir)
         return cache_dir
-    _barrier(world_size)  # every rank has checked before rank 0 may write a manifest
+    barrier(world_size)  # every rank has checked before rank 0 may write a manifest
     samples = load_samples(cfg.data, tokenizer)
     model, _ = load_target(cfg.model)
     report = apply_quant(model, cfg.quant)
@@ -63,14 +57,14 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
     log.info("quant %s: %s", cfg.quant.name, report.summary())
     capture = FeatureCapture(model, aux_layer_ids(cfg.model))
     CacheWriter(cfg, cache_dir, provenance, rank, world_size).write(capture, samples, tokenizer.pad_token_id)
-    _barrier(world_size)
+    barrier(world_size)
     if rank == 0:
         save_side_files(cache_dir, model, samples)
         atomic_write_json(cache_dir / "quant_report.json", report.to_dict())
         manifest = merge_manifest(cfg, cache_dir, provenance, world_size,
                                   target_facts(cfg.model, model.config))
         log.info("cache: %d samples, %d tokens at %s", manifest["num_samples"], manifest["num_tokens"], cache_dir)
-    _barrier(world_size)
+    barrier(world_size)
     return cache_dir
 
 

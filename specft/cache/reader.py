@@ -42,24 +42,25 @@ class CacheReader:
         return self.manifest["hidden_size"]
 
     def _open_shard(self, file: str):
-        return safe_open(str(self.cache_dir / file), framework="pt")
+        f = safe_open(str(self.cache_dir / file), framework="pt")
+        return f, set(f.keys())
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         file, local = self._where[self.indices[i]]
-        f = self._open(file)
+        f, keys = self._open(file)
         offsets = f.get_slice("offsets")[local: local + 2]
         a, b = int(offsets[0]), int(offsets[1])
         return {
             "input_ids": f.get_slice("input_ids")[a:b].long(),
             "loss_mask": f.get_slice("loss_mask")[a:b].float(),
-            "aux_hidden": self._hidden(f, "aux_hidden", a, b),
-            "final_hidden": self._hidden(f, "final_hidden", a, b),
+            "aux_hidden": self._hidden(f, keys, "aux_hidden", a, b),
+            "final_hidden": self._hidden(f, keys, "final_hidden", a, b),
         }
 
     @staticmethod
-    def _hidden(f, name: str, a: int, b: int) -> torch.Tensor:
+    def _hidden(f, keys: set, name: str, a: int, b: int) -> torch.Tensor:
         scale_name = name + SCALE_SUFFIX
-        scale = f.get_slice(scale_name)[a:b] if scale_name in f.keys() else None
+        scale = f.get_slice(scale_name)[a:b] if scale_name in keys else None
         return decode(f.get_slice(name)[a:b], scale)
 
     def target_head(self) -> dict[str, torch.Tensor]:

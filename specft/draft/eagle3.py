@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specft.draft.vocab import register_vocab_buffers
+
 
 @dataclass
 class Eagle3Config:
@@ -170,11 +172,7 @@ class Eagle3Draft(nn.Module):
         else:  # a draft narrower or wider than the target learns its own embedding
             self.embed_tokens = nn.Embedding(embed_tokens.shape[0], c.hidden_size)
             nn.init.normal_(self.embed_tokens.weight, std=0.02)
-        self.register_buffer("draft_to_target", draft_to_target.long().clone())
-        self.register_buffer("d2t", draft_to_target.long() - torch.arange(len(draft_to_target)))
-        t2d = torch.zeros(c.target_vocab_size, dtype=torch.bool)
-        t2d[draft_to_target] = True
-        self.register_buffer("t2d", t2d)
+        register_vocab_buffers(self, draft_to_target, c.target_vocab_size)
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, final_hidden: torch.Tensor | None,
                 steps: int) -> DraftOutput:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specft.draft.eagle3 import DraftOutput, Eagle3Config, RMSNorm, Rotary
+from specft.draft.vocab import register_vocab_buffers
 
 
 class MtpAttention(nn.Module):
@@ -82,11 +83,7 @@ class MtpDraft(nn.Module):
         self.embed_tokens = nn.Embedding.from_pretrained(embed_tokens.float().clone(), freeze=True)
         # The target's lm_head rows for the draft vocabulary: frozen, shared with the target.
         self.register_buffer("head_weight", lm_head.float()[draft_to_target].clone())
-        self.register_buffer("draft_to_target", draft_to_target.long().clone())
-        self.register_buffer("d2t", draft_to_target.long() - torch.arange(len(draft_to_target)))
-        t2d = torch.zeros(c.target_vocab_size, dtype=torch.bool)
-        t2d[draft_to_target] = True
-        self.register_buffer("t2d", t2d)
+        register_vocab_buffers(self, draft_to_target, c.target_vocab_size)
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, final_hidden: torch.Tensor,
                 steps: int) -> DraftOutput:

@@ -23,6 +23,16 @@ class DraftVocab:
         return len(self.draft_to_target)
 
 
+def register_vocab_buffers(module, draft_to_target: torch.Tensor, target_vocab_size: int) -> None:
+    """draft_to_target, d2t and t2d as buffers, saved with the draft (EAGLE-3 / vLLM keys)."""
+    ids = draft_to_target.long().clone()
+    module.register_buffer("draft_to_target", ids)
+    module.register_buffer("d2t", ids - torch.arange(len(ids)))
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    module.register_buffer("t2d", t2d)
+
+
 def build_draft_vocab(counts: torch.Tensor, size: int, fill_unseen: bool = False) -> DraftVocab:
     """Top-``size`` tokens by count (ties: lower id first). When the data has fewer
     distinct tokens than ``size``, the vocab shrinks to the tokens seen (a head row for a

@@ -90,13 +90,16 @@ def _check_architecture(cfg: ModelConfig, hf_config) -> None:
                               f"{cfg.path or cfg.name} has {actual}")
 
 
-def load_tokenizer(cfg: ModelConfig):
-    where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+def _tokenizer_from(where: str, kwargs: dict):
     tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def load_tokenizer(cfg: ModelConfig):
+    where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
+    return _tokenizer_from(where, {"gguf_file": gguf_file} if gguf_file else {})
 
 
 def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None):
@@ -107,10 +110,7 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None):
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
     _check_architecture(cfg, model.config)
     model.eval().requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return model, _tokenizer_from(where, kwargs)
 
 
 def target_facts(cfg: ModelConfig, hf_config) -> dict:

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from specft.cache.manifest import atomic_write_json
+from specft.launch import barrier
 
 LATEST = "latest"
 
@@ -32,11 +33,6 @@ def latest_tag(ckpt_root: Path) -> str | None:
         return None
     tag = path.read_text().strip()
     return tag if (ckpt_root / tag).is_dir() else None
-
-
-def _barrier(world_size: int) -> None:
-    if world_size > 1:
-        torch.distributed.barrier()
 
 
 def consolidated_state(draft) -> dict[str, torch.Tensor]:
@@ -66,12 +62,12 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: i
     tmp_root = ckpt_root / f".tmp-{tag}"
     if rank == 0 and tmp_root.exists():
         shutil.rmtree(tmp_root)
-    _barrier(world_size)
+    barrier(world_size)
     engine.save_checkpoint(str(tmp_root), tag=tag, client_state={"step": step}, save_latest=False)
     folder = tmp_root / tag
     torch.save({"torch": torch.get_rng_state()}, folder / f"rng-r{rank:03d}.pt")
     state = consolidated_state(engine.module)  # collective under ZeRO-3
-    _barrier(world_size)
+    barrier(world_size)
     final = ckpt_root / tag
     if rank == 0:
         write_draft_files(folder, engine.module, extra_config, run_config_yaml, state)
@@ -82,7 +78,7 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: i
         (ckpt_root / LATEST).parent.mkdir(parents=True, exist_ok=True)
         _atomic_text(ckpt_root / LATEST, tag)
         _prune(ckpt_root, keep_last)
-    _barrier(world_size)
+    barrier(world_size)
     return final
 
 

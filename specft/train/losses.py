@@ -24,11 +24,6 @@ class LossInputs:
     target_hidden: torch.Tensor | None = None  # [B, N, H] the target's final hidden
 
 
-def restricted_target_probs(target_logits: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
-    """The target distribution restricted to the draft vocabulary and renormalised."""
-    return torch.softmax(target_logits.index_select(-1, draft_to_target), dim=-1)
-
-
 @LOSSES.register("kl")
 def kl_loss(x: LossInputs) -> torch.Tensor:
     """Soft cross-entropy -sum_x p(x) log q(x): the EAGLE-3 baseline (KL(p||q) up to the
