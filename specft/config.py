@@ -44,13 +44,43 @@ class ModelConfig:
 
 
 @dataclass
+class RegenerateConfig:
+    """Replace assistant turns with the (quantized) target's own answers, the text the
+    draft will have to predict at serving time."""
+    enabled: bool = False
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    batch_size: int = 8
+    seed: int = 0
+
+
+@dataclass
 class DataConfig:
     name: str = "synthetic"
-    path: str | None = None
-    num_samples: int = 256
+    path: str | None = None  # file, or a dataset id for name=hf
+    num_samples: int = 256  # cap after filtering and splitting
     max_seq_len: int = 512
-    seed: int = 0
+    overlength: str = "truncate"  # truncate | drop
+    seed: int = 0  # shuffle and train/validation assignment
     system_prompt: str | None = None
+    # Qwen3-style templates: null leaves the template's default; true/false sets enable_thinking.
+    thinking: bool | None = None
+    # Record fields (jsonl and hf sources): an OpenAI-style messages list, or a prompt/response pair.
+    messages_field: str = "messages"
+    prompt_field: str = "prompt"
+    response_field: str = "response"
+    hf_split: str = "train"  # name=hf: the dataset's own split
+    hf_config: str | None = None
+    # Which part of the seeded train/validation split to use: all | train | validation.
+    split: str = "all"
+    val_fraction: float = 0.05
+    dedup: bool = True  # drop conversations whose text repeats an earlier one
+    min_turns: int = 2  # messages, system excluded
+    max_turns: int | None = None
+    min_response_chars: int = 1
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
 
 @dataclass
@@ -287,6 +317,28 @@ def validate(cfg: RootConfig) -> None:
         load_quant_config(cfg.draft.quant, "draft.quant")
     if t.mix_quant is not None:
         load_quant_config(t.mix_quant, "trainer.mix_quant")
-    DATA_SOURCES.get(cfg.data.name, "data.name")
-    if cfg.data.name != "synthetic" and not cfg.data.path:
-        raise ConfigError(f"data.path: required for data.name={cfg.data.name}")
+    _validate_data(cfg.data)
+
+
+SPLITS = ("all", "train", "validation")
+
+
+def _validate_data(d: DataConfig) -> None:
+    from specft.data.sources import DATA_SOURCES
+
+    DATA_SOURCES.get(d.name, "data.name")
+    if d.name != "synthetic" and not d.path:
+        raise ConfigError(f"data.path: required for data.name={d.name}")
+    _choice(d.split, SPLITS, "data.split")
+    _choice(d.overlength, ("truncate", "drop"), "data.overlength")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction: must be in [0, 1), got {d.val_fraction}")
+    if d.split == "validation" and d.val_fraction == 0:
+        raise ConfigError("data.split=validation needs data.val_fraction > 0")
+    _positive(d.min_turns, "data.min_turns")
+    r = d.regenerate
+    _positive(r.max_new_tokens, "data.regenerate.max_new_tokens")
+    _positive(r.batch_size, "data.regenerate.batch_size")
+    if r.temperature < 0 or not 0 < r.top_p <= 1 or r.top_k < 0:
+        raise ConfigError(f"data.regenerate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
+                          f"{r.temperature}, {r.top_p}, {r.top_k}")

@@ -51,7 +51,7 @@ def test_cache_round_trip_matches_the_quantized_target(tmp_path):
 def test_interrupted_cache_resumes_to_the_same_result(tmp_path, monkeypatch):
     ref_dir = ensure_cache(_cfg(tmp_path / "ref"))
     cfg = _cfg(tmp_path / "resumed")
-    real = CacheWriter._write_shard
+    real = CacheWriter._save_shard
     calls = {"n": 0}
 
     def crash_after_one(self, *a, **k):
@@ -60,16 +60,16 @@ def test_interrupted_cache_resumes_to_the_same_result(tmp_path, monkeypatch):
         calls["n"] += 1
         return real(self, *a, **k)
 
-    monkeypatch.setattr(CacheWriter, "_write_shard", crash_after_one)
+    monkeypatch.setattr(CacheWriter, "_save_shard", crash_after_one)
     with pytest.raises(KeyboardInterrupt):
         ensure_cache(cfg)
-    monkeypatch.setattr(CacheWriter, "_write_shard", real)
+    monkeypatch.setattr(CacheWriter, "_save_shard", real)
     partial_dir = locate_cache(cfg)[0]
     stale = partial_dir / ".shard-r000-000001.safetensors.x1y2"  # a write cut by kill -9
     stale.write_bytes(b"half a shard")
     written = []
-    monkeypatch.setattr(CacheWriter, "_write_shard",
-                        lambda self, *a, **k: written.append(a[-2]) or real(self, *a, **k))
+    monkeypatch.setattr(CacheWriter, "_save_shard",
+                        lambda self, tensors, file, progress: written.append(file) or real(self, tensors, file, progress))
     cache_dir = ensure_cache(cfg)
     assert written == ["shard-r000-000001.safetensors", "shard-r000-000002.safetensors"]
     assert not stale.exists()

@@ -1,11 +1,15 @@
-"""Data sources, chat templates and the assistant loss mask."""
+"""Data sources, selection, chat templates, the assistant loss mask and regeneration."""
 
 import json
+import sys
+import types
 
 import pytest
+import torch
 
-from specft.config import DataConfig
-from specft.data import load_samples, tokenize_conversation
+from specft.config import DataConfig, RegenerateConfig
+from specft.data import DataSummary, load_conversations, load_samples, tokenize_all, tokenize_conversation
+from specft.data.template import render
 from specft.errors import SpecftError
 from specft.target.tiny import build_tokenizer
 
@@ -19,57 +23,180 @@ def _masked_text(tok, sample):
     return tok.decode(sample.input_ids[sample.loss_mask.bool()].tolist())
 
 
+def _qa(q, a):
+    return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+
+
+def _write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
 def test_mask_covers_exactly_the_assistant_turns(tok):
     conv = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Tom has 3 apples."},
             {"role": "assistant", "content": "The answer is 3."},
             {"role": "user", "content": "And 4 more?"},
             {"role": "assistant", "content": "Then 3 + 4 = 7."}]
-    s = tokenize_conversation(tok, conv, 512)
-    assert _masked_text(tok, s) == "The answer is 3.<|im_end|>\nThen 3 + 4 = 7.<|im_end|>\n"
-    # Everything unmasked is template or user/system text.
+    s, truncated = tokenize_conversation(tok, conv, 512)
+    assert not truncated
+    # The last turn carries Qwen3's (empty) think block: the model generates it, so it is masked.
+    assert _masked_text(tok, s) == ("The answer is 3.<|im_end|>\n<think>\n\n</think>\n\n"
+                                    "Then 3 + 4 = 7.<|im_end|>\n")
     unmasked = tok.decode(s.input_ids[~s.loss_mask.bool()].tolist())
     assert "Tom has 3 apples." in unmasked and "Be brief." in unmasked
     assert "The answer" not in unmasked
 
 
-def test_truncation_and_no_assistant_tokens(tok):
-    conv = [{"role": "user", "content": "Tom has 3 apples. " * 20},
-            {"role": "assistant", "content": "Yes."}]
-    assert tokenize_conversation(tok, conv, 10) is None  # the answer was cut off
-    s = tokenize_conversation(tok, conv, 1000)
-    assert len(s.input_ids) < 1000 and s.loss_mask.sum() > 0
+def test_qwen3_thinking_on_and_off_masks(tok):
+    conv = [{"role": "user", "content": "Tom has 3 apples. And 4 more?"},
+            {"role": "assistant", "content": "<think>3 + 4</think>Then 7."}]
+    on, _ = tokenize_conversation(tok, conv, 512, thinking=True)
+    assert _masked_text(tok, on) == "<think>\n3 + 4\n</think>\n\nThen 7.<|im_end|>\n"
+    plain = [conv[0], {"role": "assistant", "content": "Then 7."}]
+    off, _ = tokenize_conversation(tok, plain, 512, thinking=False)
+    # Thinking off: the empty think block is part of the prompt the serving engine sends.
+    assert render(tok, plain[:1], True, thinking=False).endswith("<think>\n\n</think>\n\n")
+    assert _masked_text(tok, off) == "Then 7.<|im_end|>\n"
+    unmasked = tok.decode(off.input_ids[~off.loss_mask.bool()].tolist())
+    assert unmasked.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # Multi-turn: the earlier turn's reasoning is dropped by the template, its answer masked.
+    multi = [*conv, {"role": "user", "content": "And 5 more?"},
+             {"role": "assistant", "content": "<think>7 + 5</think>Then 12."}]
+    s, _ = tokenize_conversation(tok, multi, 512, thinking=True)
+    assert _masked_text(tok, s) == "Then 7.<|im_end|>\n<think>\n7 + 5\n</think>\n\nThen 12.<|im_end|>\n"
+
+
+def test_overlength_is_truncated_or_dropped_by_config(tok, tmp_path):
+    long_q = "Tom has 3 apples. " * 40
+    path = _write_jsonl(tmp_path / "d.jsonl", [_qa(long_q, "Yes."), _qa("Short?", "Yes, short."),
+                                                _qa("Tom has 3 apples. " * 3, "Then 3 apples, and more words. " * 10)])
+    cfg = DataConfig(name="jsonl", path=path, max_seq_len=48, split="all", num_samples=10)
+    summary = DataSummary()
+    samples = load_samples(cfg, tok, summary)
+    assert len(samples) == 2 and all(len(s.input_ids) <= 48 for s in samples)
+    assert summary["truncated"] == 1 and summary.skipped == {"overlength_no_answer_left": 1}
+    cfg.overlength = "drop"
+    summary = DataSummary()
+    assert len(load_samples(cfg, tok, summary)) == 1
+    assert summary.skipped == {"overlength_dropped": 2}
+
+
+def test_malformed_inputs_are_counted_and_skipped(tok, tmp_path, caplog):
+    path = tmp_path / "bad.jsonl"
+    good = json.dumps(_qa("1+1?", "2")).encode()
+    lines = [
+        good,
+        b"{not json",
+        json.dumps({"messages": []}).encode(),  # empty conversation
+        json.dumps({"messages": [{"content": "no role"}, {"role": "assistant", "content": "x"}]}).encode(),
+        json.dumps({"messages": [{"role": "user", "content": "only a question"}]}).encode(),
+        b'{"prompt": "caf\xe9", "response": "latin-1 bytes"}',  # not UTF-8
+        json.dumps({"foo": 1}).encode(),
+        json.dumps(_qa("1+1?", "2")).encode(),  # duplicate
+        json.dumps(_qa("Tom has 3 apples. " * 80, "long")).encode(),  # over-length
+        b"[1, 2]",
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    summary = DataSummary()
+    cfg = DataConfig(name="jsonl", path=str(path), max_seq_len=64, overlength="drop", num_samples=50)
+    samples = load_samples(cfg, tok, summary)
+    assert len(samples) == 1
+    assert summary.skipped == {"bad_json": 1, "bad_role": 1, "duplicate": 1, "empty_conversation": 1,
+                               "no_assistant_turn": 1, "non_utf8": 1, "overlength_dropped": 1,
+                               "unknown_record": 2}
+    assert summary["records"] == len(lines)
+    assert "skipped: 1 bad_json, 1 bad_role" in caplog.text
+
+
+def test_sources_read_every_format(tok, tmp_path):
+    share = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+             {"conversations": [{"from": "robot", "value": "?"}]}]
+    (tmp_path / "sg.json").write_text(json.dumps(share))
+    _write_jsonl(tmp_path / "sg.jsonl", share)
+    for name in ("sg.json", "sg.jsonl"):
+        s = DataSummary()
+        convs = load_conversations(DataConfig(name="sharegpt", path=str(tmp_path / name)), s)
+        assert convs == [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]]
+        assert s.skipped == {"bad_role": 1}
+    custom = _write_jsonl(tmp_path / "c.jsonl", [{"chat": [{"role": "user", "content": "q"},
+                                                           {"role": "assistant", "content": "a"}]},
+                                                 {"instruction": "p", "output": "r"}])
+    convs = load_conversations(DataConfig(name="jsonl", path=custom, messages_field="chat",
+                                          prompt_field="instruction", response_field="output"))
+    assert sorted(c[0]["content"] for c in convs) == ["p", "q"]
+    mt = _write_jsonl(tmp_path / "question.jsonl", [{"question_id": 81, "category": "writing",
+                                                     "turns": ["Write a poem.", "Now shorter."]}])
+    s = DataSummary()
+    with pytest.raises(SpecftError, match="no usable conversations"):
+        load_conversations(DataConfig(name="mtbench", path=mt), s)
+    assert s.skipped == {"unanswered_turn": 1}  # no answers without regeneration
+    (conv,) = load_conversations(DataConfig(name="mtbench", path=mt,
+                                            regenerate=RegenerateConfig(enabled=True)))
+    assert [m["role"] for m in conv] == ["user", "assistant", "user", "assistant"]
+    assert conv[2]["content"] == "Now shorter." and conv[1]["content"] is None
+    ceval = tmp_path / "val.csv"
+    ceval.write_text("id,question,A,B,C,D,answer,explanation\n"
+                     "0,1+1=?,1,2,3,4,B,1 plus 1 is 2\n1,broken,,,,,A,\n", encoding="utf-8")
+    s = DataSummary()
+    (conv,) = load_conversations(DataConfig(name="ceval", path=str(ceval)), s)
+    assert conv[0]["content"] == "1+1=?\nA. 1\nB. 2\nC. 3\nD. 4"
+    assert conv[1]["content"] == "答案：B\n1 plus 1 is 2" and s.skipped == {"unknown_record": 1}
+
+
+def test_hf_source_goes_through_datasets(tok, monkeypatch):
+    calls = []
+
+    def load_dataset(path, name, split, streaming):
+        calls.append((path, name, split, streaming))
+        return [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    convs = load_conversations(DataConfig(name="hf", path="org/chat", hf_split="test"))
+    assert calls == [("org/chat", None, "test", True)] and len(convs) == 1
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(SpecftError, match="needs the `datasets` package"):
+        load_conversations(DataConfig(name="hf", path="org/chat"))
+
+
+def test_split_is_seeded_disjoint_and_stable(tok, tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [_qa(f"question {i}?", f"answer {i}.") for i in range(200)])
+
+    def prompts(**kw):
+        return {c[0]["content"] for c in load_conversations(DataConfig(name="jsonl", path=path, **kw))}
+
+    everything = prompts(num_samples=500)
+    train = prompts(split="train", val_fraction=0.2, num_samples=500)
+    val = prompts(split="validation", val_fraction=0.2, num_samples=500)
+    assert train | val == everything and not train & val and 20 < len(val) < 60
+    # A smaller cap takes a subset of the same side: never a validation prompt in training.
+    assert prompts(split="train", val_fraction=0.2, num_samples=50) <= train
+    assert prompts(split="validation", val_fraction=0.2, seed=1, num_samples=500) != val
+    a = load_conversations(DataConfig(name="jsonl", path=path, seed=3, num_samples=20))
+    b = load_conversations(DataConfig(name="jsonl", path=path, seed=3, num_samples=20))
+    c = load_conversations(DataConfig(name="jsonl", path=path, seed=4, num_samples=20))
+    assert a == b and a != c
 
 
 def test_synthetic_source_is_deterministic(tok):
     a = load_samples(DataConfig(name="synthetic", num_samples=8, seed=3), tok)
     b = load_samples(DataConfig(name="synthetic", num_samples=8, seed=3), tok)
     c = load_samples(DataConfig(name="synthetic", num_samples=8, seed=4), tok)
-    assert all((x.input_ids == y.input_ids).all() for x, y in zip(a, b))
-    assert any(len(x.input_ids) != len(y.input_ids) or (x.input_ids != y.input_ids).any()
-               for x, y in zip(a, c))
+    assert len(a) == 8 and all(torch.equal(x.input_ids, y.input_ids) for x, y in zip(a, b))
+    assert any(not torch.equal(x.input_ids, y.input_ids) for x, y in zip(a, c))
 
 
-def test_file_sources_skip_bad_records(tok, tmp_path, caplog):
-    gsm = tmp_path / "gsm.jsonl"
-    gsm.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n{not json\n"
-                   + json.dumps({"foo": 1}) + "\n")
-    assert len(load_samples(DataConfig(name="gsm8k", path=str(gsm), num_samples=10), tok)) == 1
-    assert "1 bad_json" in caplog.text and "1 unknown_record" in caplog.text
-    share = tmp_path / "sg.json"
-    share.write_text(json.dumps([
-        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
-        {"conversations": [{"from": "robot", "value": "?"}]},
-        {"conversations": [{"from": "human", "value": "only a question"}]},
-    ]))
-    assert len(load_samples(DataConfig(name="sharegpt", path=str(share), num_samples=10), tok)) == 1
-    jl = tmp_path / "m.jsonl"
-    jl.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},
-                                           {"role": "assistant", "content": "a"}]}) + "\n"
-                  + json.dumps({"prompt": "p", "response": "r"}) + "\n")
-    assert len(load_samples(DataConfig(name="jsonl", path=str(jl), num_samples=10), tok)) == 2
-
-
-def test_missing_file_is_one_clear_error(tok, tmp_path):
+def test_missing_file_and_bad_json_file_are_one_clear_error(tok, tmp_path):
     with pytest.raises(SpecftError, match="data.path: no such file"):
         load_samples(DataConfig(name="gsm8k", path=str(tmp_path / "nope.jsonl")), tok)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[{")
+    with pytest.raises(SpecftError, match="is not valid JSON"):
+        load_samples(DataConfig(name="sharegpt", path=str(bad)), tok)
+
+
+def test_tokenize_all_keeps_positions(tok):
+    convs = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], None]
+    s = DataSummary()
+    out = tokenize_all(convs, tok, DataConfig(), s)
+    assert out[0] is not None and out[1] is None and s["samples"] == 1

@@ -16,6 +16,7 @@ from specft.cache.writer import (
     save_side_files,
 )
 from specft.config import RootConfig, aux_layer_ids
+from specft.errors import SpecftError
 from specft.launch import barrier
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 def _calibration_batches(samples, n: int):
     """The first ``n`` samples, one at a time: every rank calibrates on the same data, so
     static scales agree across ranks."""
-    for s in samples[:n]:
+    for s in [s for s in samples if s is not None][:n]:
         yield {"input_ids": s.input_ids[None]}
 
 
@@ -39,7 +40,9 @@ def locate_cache(cfg: RootConfig):
 
 def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
     """Build (or finish) the cache for ``cfg`` unless a complete one exists; return its dir."""
-    from specft.data import load_samples
+    from specft.data import DataSummary, load_conversations, tokenize_all
+    from specft.data import report as data_report
+    from specft.data.regenerate import regenerate
     from specft.quant import apply_quant, calibrate
     from specft.target import FeatureCapture, load_target
     from specft.target.loader import target_facts
@@ -49,20 +52,28 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
         log.info("cache: reusing %s", cache_dir)
         return cache_dir
     barrier(world_size)  # every rank has checked before rank 0 may write a manifest
-    samples = load_samples(cfg.data, tokenizer)
+    summary = DataSummary()
+    convs = load_conversations(cfg.data, summary)
     model, _ = load_target(cfg.model)
     report = apply_quant(model, cfg.quant)
     if cfg.quant.needs_calibration:
-        calibrate(model, report, _calibration_batches(samples, cfg.quant.calibration_samples))
+        calib = tokenize_all(convs, tokenizer, cfg.data, DataSummary())
+        calibrate(model, report, _calibration_batches(calib, cfg.quant.calibration_samples))
     log.info("quant %s: %s", cfg.quant.name, report.summary())
+    if cfg.data.regenerate.enabled:
+        convs = regenerate(model, tokenizer, convs, cfg.data, cache_dir, rank, world_size, summary)
+    samples = tokenize_all(convs, tokenizer, cfg.data, summary)
+    data_report(summary)
     capture = FeatureCapture(model, aux_layer_ids(cfg.model))
     CacheWriter(cfg, cache_dir, provenance, rank, world_size).write(capture, samples, tokenizer.pad_token_id)
     barrier(world_size)
     if rank == 0:
-        save_side_files(cache_dir, model, samples)
+        save_side_files(cache_dir, model, world_size)
         atomic_write_json(cache_dir / "quant_report.json", report.to_dict())
         manifest = merge_manifest(cfg, cache_dir, provenance, world_size,
-                                  target_facts(cfg.model, model.config))
+                                  target_facts(cfg.model, model.config), dict(summary))
+        if not manifest["num_samples"]:
+            raise SpecftError(f"cache: no usable samples; {summary.line()}")
         log.info("cache: %d samples, %d tokens at %s", manifest["num_samples"], manifest["num_tokens"], cache_dir)
     barrier(world_size)
     return cache_dir

@@ -14,11 +14,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
@@ -100,8 +101,8 @@ class CacheWriter:
         self.cfg, self.cache_dir, self.provenance = cfg, cache_dir, provenance
         self.rank, self.world_size = rank, world_size
 
-    def _my_shards(self, num_samples: int) -> list[list[int]]:
-        mine = list(range(self.rank, num_samples, self.world_size))
+    def _my_shards(self, samples: list[Sample | None]) -> list[list[int]]:
+        mine = [i for i in range(self.rank, len(samples), self.world_size) if samples[i] is not None]
         per = self.cfg.cache.samples_per_shard
         return [mine[i: i + per] for i in range(0, len(mine), per)]
 
@@ -120,7 +121,7 @@ class CacheWriter:
         return {"provenance": self.provenance, "rank": self.rank, "world_size": self.world_size, "shards": []}
 
     def estimate_bytes(self, samples: list[Sample]) -> int:
-        tokens = sum(len(s.input_ids) for s in samples)
+        tokens = sum(len(s.input_ids) for s in samples if s is not None)
         per_value = bytes_per_value(self.cfg.cache.dtype)
         return int(tokens * 4 * self.cfg.model.hidden_size * per_value) + tokens * 9
 
@@ -129,13 +130,13 @@ class CacheWriter:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.cache_dir).free
         log.info("cache: %d samples, ~%.1f MB on disk (%.1f GB free) at %s",
-                 len(samples), need / 1e6, free / 1e9, self.cache_dir)
+                 sum(s is not None for s in samples), need / 1e6, free / 1e9, self.cache_dir)
         if need > free:
             raise SpecftError(f"cache: needs ~{need / 1e9:.2f} GB but only {free / 1e9:.2f} GB is "
                               f"free at {self.cache_dir}")
 
-    def _write_shard(self, capture, samples: list[Sample], indices: list[int], pad_id: int,
-                     file: str, bar) -> dict:
+    def _compute_shard(self, capture, samples: list[Sample], indices: list[int], pad_id: int,
+                       bar) -> dict[str, torch.Tensor]:
         aux_parts, final_parts = [], []
         bs = self.cfg.cache.batch_size
         for start in range(0, len(indices), bs):
@@ -148,7 +149,7 @@ class CacheWriter:
                 final_parts.append(final[row, :n].float())
             bar.update(int(attn.sum()))
         lengths = torch.tensor([len(samples[i].input_ids) for i in indices])
-        tensors = {
+        return {
             "input_ids": torch.cat([samples[i].input_ids for i in indices]).to(torch.int32),
             "loss_mask": torch.cat([samples[i].loss_mask for i in indices]),
             **encode("aux_hidden", torch.cat(aux_parts), len(aux_layer_ids(self.cfg.model)), self.cfg.cache.dtype),
@@ -156,63 +157,79 @@ class CacheWriter:
             "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
             "sample_index": torch.tensor(indices, dtype=torch.long),
         }
+
+    def _save_shard(self, tensors: dict[str, torch.Tensor], file: str, progress: dict) -> None:
+        """Write one shard (temp name, then rename) and record it in the progress file.
+        Runs on the writer thread; shards are saved one at a time, in order."""
         fd, tmp = tempfile.mkstemp(prefix=f".{file}.", dir=self.cache_dir)
         os.close(fd)
         save_file(tensors, tmp, metadata={"provenance_hash": provenance_hash(self.provenance)})
         os.replace(tmp, self.cache_dir / file)
-        return {"file": file, "num_samples": len(indices), "num_tokens": int(lengths.sum()),
-                "sample_index": indices}
+        offsets = tensors["offsets"]
+        indices = tensors["sample_index"].tolist()
+        progress["shards"].append({"file": file, "num_samples": len(indices),
+                                   "num_tokens": int(offsets[-1]), "sample_index": indices})
+        atomic_write_json(progress_path(self.cache_dir, self.rank), progress)
 
     def _remove_stale_temporaries(self) -> None:
         """A killed run can leave this rank's half-written shard temporaries behind."""
         for tmp in self.cache_dir.glob(f".shard-r{self.rank:03d}-*"):
             tmp.unlink(missing_ok=True)
 
-    def write(self, capture, samples: list[Sample], pad_id: int) -> None:
+    def write(self, capture, samples: list[Sample | None], pad_id: int) -> None:
         if self.cache_dir.exists():
             self._remove_stale_temporaries()
         progress = self._load_progress()
         done = {s["file"] for s in progress["shards"]}
-        shards = self._my_shards(len(samples))
+        shards = self._my_shards(samples)
         pending = [(j, idx) for j, idx in enumerate(shards) if shard_name(self.rank, j) not in done]
         if not pending:
+            if not progress_path(self.cache_dir, self.rank).exists():  # a rank with no samples
+                self.cache_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(progress_path(self.cache_dir, self.rank), progress)
             return
         if self.rank == 0:
             self._check_disk(samples)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         total = sum(len(samples[i].input_ids) for _, idx in pending for i in idx)
         t0 = time.perf_counter()
-        with tqdm(total=total, unit="tok", desc=f"cache r{self.rank}", disable=None) as bar:
+        # The target computes shard j+1 while a writer thread saves shard j: disk time
+        # hides behind compute (at most one shard waits in memory).
+        with tqdm(total=total, unit="tok", desc=f"cache r{self.rank}", disable=None) as bar, \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer") as pool:
+            saving = None
             for j, idx in pending:
-                entry = self._write_shard(capture, samples, idx, pad_id, shard_name(self.rank, j), bar)
-                progress["shards"].append(entry)
-                atomic_write_json(progress_path(self.cache_dir, self.rank), progress)
+                tensors = self._compute_shard(capture, samples, idx, pad_id, bar)
+                if saving is not None:
+                    saving.result()
+                saving = pool.submit(self._save_shard, tensors, shard_name(self.rank, j), progress)
+            saving.result()
         log.info("cache r%d: %d tokens in %.1fs", self.rank, total, time.perf_counter() - t0)
 
 
-def save_side_files(cache_dir: Path, model, samples: list[Sample]) -> None:
+def save_side_files(cache_dir: Path, model, world_size: int) -> None:
     """The target's (quantized, as deployed) lm_head and embedding, which stage 2 needs to
-    recompute target logits and to embed tokens, and the token counts over loss-masked
-    tokens, from which stage 2 builds the draft vocabulary."""
+    recompute target logits and to embed tokens, and the counts of loss-masked tokens over
+    every shard (what was cached, regenerated answers included), from which stage 2
+    builds the draft vocabulary."""
     head = model.get_output_embeddings().weight.detach()
     emb = model.get_input_embeddings().weight.detach()
     tensors = {"lm_head": head.contiguous()}
     if emb.data_ptr() != head.data_ptr():
         tensors["embed_tokens"] = emb.contiguous()
     save_file(tensors, str(cache_dir / TARGET_HEAD))
-    counts = Counter()
-    for s in samples:
-        counts.update(s.input_ids[s.loss_mask.bool()].tolist())
     vocab = head.shape[0]
-    dense = torch.zeros(vocab, dtype=torch.long)
-    for tok, c in counts.items():
-        if 0 <= tok < vocab:
-            dense[tok] = c
-    save_file({"counts": dense}, str(cache_dir / TOKEN_COUNTS))
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for rank in range(world_size):
+        for shard in read_json(progress_path(cache_dir, rank))["shards"]:
+            with safe_open(str(cache_dir / shard["file"]), framework="pt") as f:
+                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
+            counts += torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
+    save_file({"counts": counts}, str(cache_dir / TOKEN_COUNTS))
 
 
 def merge_manifest(cfg: RootConfig, cache_dir: Path, provenance: dict, world_size: int,
-                   target: dict) -> dict:
+                   target: dict, data_summary: dict | None = None) -> dict:
     shards = []
     for rank in range(world_size):
         shards.extend(read_json(progress_path(cache_dir, rank))["shards"])
@@ -221,6 +238,7 @@ def merge_manifest(cfg: RootConfig, cache_dir: Path, provenance: dict, world_siz
         "provenance_hash": provenance_hash(provenance), "complete": True,
         "hidden_size": cfg.model.hidden_size, "aux_layer_ids": aux_layer_ids(cfg.model),
         "dtype": cfg.cache.dtype, "world_size": world_size, "target": target,
+        "data_summary": data_summary or {},
         "num_samples": sum(s["num_samples"] for s in shards),
         "num_tokens": sum(s["num_tokens"] for s in shards),
         "shards": sorted(shards, key=lambda s: s["file"]),

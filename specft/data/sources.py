@@ -1,89 +1,126 @@
-"""Data sources: each turns a data config into conversations (lists of role/content)."""
+"""Data sources (a registry): each reads a data config and yields raw conversations,
+counting what it cannot read in the DataSummary. Checks common to every source live in
+records.py; selection (dedup, split, shuffle, limit) in select.py."""
 
 from __future__ import annotations
 
-import json
+import csv
+import io
+import math
 from collections.abc import Iterator
-from pathlib import Path
 
 from specft.config import DataConfig
+from specft.data.records import (
+    Conversation,
+    DataSummary,
+    jsonl_records,
+    read_json_file,
+    read_lines,
+    record_to_conversation,
+    require_file,
+)
 from specft.errors import SpecftError
 from specft.registry import Registry
 
-Conversation = list[dict]
+# A source yields a conversation, or a string naming why a record held none.
 DATA_SOURCES: Registry = Registry("data source")
-
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                   "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"}
-
-
-def _require_file(path: str | None) -> Path:
-    p = Path(path or "").expanduser()
-    if not p.is_file():
-        raise SpecftError(f"data.path: no such file: {path}")
-    return p
-
-
-def _jsonl_records(path: Path, stats: dict) -> Iterator[dict]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                stats["bad_json"] = stats.get("bad_json", 0) + 1
 
 
 @DATA_SOURCES.register("synthetic")
-def synthetic_source(cfg: DataConfig, stats: dict) -> Iterator[Conversation]:
+def synthetic_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
     from specft.data.synthetic import synthetic_conversations
 
-    yield from synthetic_conversations(cfg.num_samples, seed=cfg.seed)
+    # Enough raw conversations that the split and dedup never starve the cap.
+    share = {"all": 1.0, "train": 1 - cfg.val_fraction, "validation": cfg.val_fraction}[cfg.split]
+    n = math.ceil(cfg.num_samples / share * 1.1) + 8
+    yield from synthetic_conversations(n, seed=cfg.seed)
 
 
 @DATA_SOURCES.register("jsonl")
-def jsonl_source(cfg: DataConfig, stats: dict) -> Iterator[Conversation]:
-    for rec in _jsonl_records(_require_file(cfg.path), stats):
-        if isinstance(rec.get("messages"), list):
-            yield rec["messages"]
-        elif "prompt" in rec and "response" in rec:
-            yield [{"role": "user", "content": rec["prompt"]},
-                   {"role": "assistant", "content": rec["response"]}]
-        else:
-            stats["unknown_record"] = stats.get("unknown_record", 0) + 1
-
-
-@DATA_SOURCES.register("gsm8k")
-def gsm8k_source(cfg: DataConfig, stats: dict) -> Iterator[Conversation]:
-    for rec in _jsonl_records(_require_file(cfg.path), stats):
-        if "question" in rec and "answer" in rec:
-            yield [{"role": "user", "content": rec["question"]},
-                   {"role": "assistant", "content": rec["answer"]}]
-        else:
-            stats["unknown_record"] = stats.get("unknown_record", 0) + 1
+def jsonl_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
+    """One record per line: the messages field (OpenAI style), ShareGPT `conversations`,
+    or the prompt/response fields; names configurable in data.*_field."""
+    for rec in jsonl_records(require_file(cfg.path), summary):
+        yield record_to_conversation(rec, cfg)
 
 
 @DATA_SOURCES.register("sharegpt")
-def sharegpt_source(cfg: DataConfig, stats: dict) -> Iterator[Conversation]:
-    path = _require_file(cfg.path)
-    try:
-        records = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError as err:
-        raise SpecftError(f"data.path: {path} is not valid JSON ({err})") from None
+def sharegpt_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
+    """A JSON list of {"conversations": [{"from", "value"}]}, or the same records one per
+    line (.jsonl)."""
+    path = require_file(cfg.path)
+    if path.suffix == ".jsonl":
+        records = jsonl_records(path, summary)
+    else:
+        records = read_json_file(path)
+        if not isinstance(records, list):
+            raise SpecftError(f"data.path: {path} must hold a JSON list of conversations")
     for rec in records:
-        turns = rec.get("conversations") if isinstance(rec, dict) else None
-        if not isinstance(turns, list):
-            stats["unknown_record"] = stats.get("unknown_record", 0) + 1
+        if isinstance(rec, dict) and isinstance(rec.get("conversations"), list):
+            yield record_to_conversation({"conversations": rec["conversations"]}, cfg)
+        else:
+            yield "unknown_record"
+
+
+@DATA_SOURCES.register("gsm8k")
+def gsm8k_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
+    for rec in jsonl_records(require_file(cfg.path), summary):
+        if isinstance(rec.get("question"), str) and isinstance(rec.get("answer"), str):
+            yield [{"role": "user", "content": rec["question"]},
+                   {"role": "assistant", "content": rec["answer"]}]
+        else:
+            yield "unknown_record"
+
+
+@DATA_SOURCES.register("mtbench")
+def mtbench_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
+    """MT-Bench question.jsonl: {"question_id", "category", "turns": [q1, q2, ...]}.
+    Answers come from `reference` when present, else the slots stay open for
+    data.regenerate to fill."""
+    for rec in jsonl_records(require_file(cfg.path), summary):
+        turns = rec.get("turns")
+        if not isinstance(turns, list) or not turns:
+            yield "unknown_record"
             continue
+        refs = rec.get("reference") if isinstance(rec.get("reference"), list) else []
         conv = []
-        for t in turns:
-            role = _SHAREGPT_ROLES.get(str(t.get("from", "")).lower())
-            if role is None or not isinstance(t.get("value"), str):
-                conv = None
-                break
-            conv.append({"role": role, "content": t["value"]})
-        if conv is None:
-            stats["bad_role"] = stats.get("bad_role", 0) + 1
-            continue
+        for i, question in enumerate(turns):
+            conv.append({"role": "user", "content": question})
+            conv.append({"role": "assistant", "content": refs[i] if i < len(refs) else None})
         yield conv
+
+
+CEVAL_OPTIONS = ("A", "B", "C", "D")
+
+
+@DATA_SOURCES.register("ceval")
+def ceval_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
+    """C-Eval CSV (id, question, A, B, C, D, answer[, explanation]): the question and its
+    options as the prompt; the answer letter and explanation as the response."""
+    text = "\n".join(read_lines(require_file(cfg.path), summary))
+    for row in csv.DictReader(io.StringIO(text)):
+        if not row.get("question") or any(not row.get(o) for o in CEVAL_OPTIONS):
+            yield "unknown_record"
+            continue
+        prompt = row["question"].strip() + "\n" + "\n".join(f"{o}. {row[o].strip()}" for o in CEVAL_OPTIONS)
+        answer = (row.get("answer") or "").strip()
+        response = (f"答案：{answer}" if answer else None)
+        if response and (row.get("explanation") or "").strip():
+            response += "\n" + row["explanation"].strip()
+        yield [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
+
+@DATA_SOURCES.register("hf")
+def hf_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
+    """A Hugging Face dataset by id (data.path), split data.hf_split; rows read like jsonl
+    records. Needs the `datasets` package and the hub (or its local cache)."""
+    try:
+        import datasets
+    except ImportError:
+        raise SpecftError("data.name=hf needs the `datasets` package: pip install 'specft[hf]'") from None
+    try:
+        rows = datasets.load_dataset(cfg.path, cfg.hf_config, split=cfg.hf_split, streaming=True)
+    except Exception as err:  # the hub raises many types; one line is what the user needs
+        raise SpecftError(f"data.path: cannot load dataset {cfg.path!r} ({type(err).__name__}: {err})") from None
+    for rec in rows:
+        yield record_to_conversation(dict(rec), cfg)

@@ -20,11 +20,33 @@ from specft.config import ModelConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
+# ChatML with Qwen3's thinking rules (written here, same behaviour): an assistant turn
+# after the last user message shows its reasoning in a <think> block (empty when it has
+# none); earlier turns drop it; enable_thinking=false pre-fills an empty block in the
+# generation prompt.
 CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{%- set content = m['content'] -%}{%- set reasoning = m.get('reasoning_content') or '' -%}"
+    "{%- if '</think>' in content -%}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip() -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip() -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>assistant\n' -}}"
+    "{%- if loop.index0 > ns.last_user and (loop.last or reasoning) -%}"
+    "{{- '<think>\n' + reasoning.strip() + '\n</think>\n\n' -}}"
+    "{%- endif -%}"
+    "{{- content + '<|im_end|>\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}{%- endif -%}"
 )
 
 

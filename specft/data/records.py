@@ -1,0 +1,145 @@
+"""Raw records -> conversations, and the checks every conversation must pass.
+
+A conversation is a list of {"role", "content"} messages; an assistant turn whose content
+is None is a slot the target fills when `data.regenerate` is on (MT-Bench questions have
+no reference answers). Every reason a record is skipped has a name, counted in a
+DataSummary and printed once, so bad input never crashes a run and never vanishes silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from specft.config import DataConfig
+from specft.errors import SpecftError
+
+Conversation = list[dict]
+ROLES = ("system", "user", "assistant")
+
+# ShareGPT speaker names seen in the wild -> chat roles.
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant",
+                  "system": "system"}
+
+
+class DataSummary(Counter):
+    """Counts of records read, kept and skipped (by reason)."""
+
+    def skip(self, reason: str) -> None:
+        self[f"skipped:{reason}"] += 1
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        return {k.split(":", 1)[1]: v for k, v in sorted(self.items()) if k.startswith("skipped:")}
+
+    def line(self) -> str:
+        skipped = ", ".join(f"{v} {k}" for k, v in self.skipped.items()) or "none"
+        kept = ", ".join(f"{self[k]} {k}" for k in ("truncated", "regenerated") if self[k])
+        return (f"data: {self['records']} records read, {self['samples']} samples kept"
+                + (f" ({kept})" if kept else "") + f"; skipped: {skipped}")
+
+
+def require_file(path: str | None) -> Path:
+    p = Path(path or "").expanduser()
+    if not p.is_file():
+        raise SpecftError(f"data.path: no such file: {path}")
+    return p
+
+
+def read_lines(path: Path, summary: DataSummary) -> Iterator[str]:
+    """Lines decoded as strict UTF-8; undecodable lines are counted and skipped."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                summary["records"] += 1
+                summary.skip("non_utf8")
+
+
+def jsonl_records(path: Path, summary: DataSummary) -> Iterator[dict]:
+    for line in read_lines(path, summary):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            summary["records"] += 1
+            summary.skip("bad_json")
+            continue
+        if isinstance(rec, dict):
+            yield rec
+        else:
+            summary["records"] += 1
+            summary.skip("unknown_record")
+
+
+def read_json_file(path: Path):
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise SpecftError(f"data.path: {path} is not UTF-8 ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise SpecftError(f"data.path: {path} is not valid JSON ({err})") from None
+
+
+def sharegpt_turns(turns) -> Conversation | None:
+    conv = []
+    for t in turns:
+        if not isinstance(t, dict):
+            return None
+        role = SHAREGPT_ROLES.get(str(t.get("from", "")).lower())
+        if role is None:
+            return None
+        conv.append({"role": role, "content": t.get("value")})
+    return conv
+
+
+def record_to_conversation(rec: dict, cfg: DataConfig) -> Conversation | str:
+    """The conversation in a record, or the name of why there is none. Tried in order:
+    the messages field, ShareGPT `conversations`, the prompt/response fields."""
+    if isinstance(rec.get(cfg.messages_field), list):
+        return [dict(m) if isinstance(m, dict) else {} for m in rec[cfg.messages_field]]
+    if isinstance(rec.get("conversations"), list):
+        return sharegpt_turns(rec["conversations"]) or "bad_role"
+    if cfg.prompt_field in rec:
+        return [{"role": "user", "content": rec[cfg.prompt_field]},
+                {"role": "assistant", "content": rec.get(cfg.response_field)}]
+    return "unknown_record"
+
+
+def check_conversation(conv: Conversation, cfg: DataConfig, allow_open_slots: bool) -> str | None:
+    """None when the conversation is usable, else the reason it is not."""
+    if not conv:
+        return "empty_conversation"
+    for m in conv:
+        if m.get("role") not in ROLES:
+            return "bad_role"
+        content = m.get("content")
+        if content is None and m["role"] == "assistant":
+            if allow_open_slots:
+                continue
+            return "unanswered_turn"  # e.g. MT-Bench questions: needs data.regenerate.enabled
+        if not isinstance(content, str):
+            return "bad_content"
+    turns = [m for m in conv if m["role"] != "system"]
+    if not turns:
+        return "empty_conversation"
+    if not any(m["role"] == "assistant" for m in turns):
+        return "no_assistant_turn"
+    if turns[0]["role"] != "user":
+        return "no_user_turn_first"
+    if len(turns) < cfg.min_turns or (cfg.max_turns is not None and len(turns) > cfg.max_turns):
+        return "turn_count_filtered"
+    answers = [m["content"] for m in turns if m["role"] == "assistant" and m["content"] is not None]
+    if any(len(a.strip()) < cfg.min_response_chars for a in answers):
+        return "short_response"
+    return None
+
+
+def conversation_key(conv: Conversation) -> str:
+    """Text identity for dedup and the train/validation hash (whitespace-normalized)."""
+    return "\x1e".join(f"{m['role']}\x1f{' '.join((m['content'] or '').split())}" for m in conv)

@@ -1,0 +1,137 @@
+"""Regeneration: replace every assistant turn with the (quantized) target's own answer.
+
+The draft must predict what the deployed target says, not what a dataset's author wrote,
+so stage 1 can let the target answer its prompts first. Conversations are answered in
+batches (left-padded, one `generate` call per assistant turn); each finished batch is
+appended to ``regenerated-r<rank>.jsonl`` in the cache directory, so a killed run resumes
+without answering anything twice. A rank answers only its own samples (i % world == rank);
+the others stay None in its list.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specft.config import DataConfig, RegenerateConfig
+from specft.data.records import Conversation, DataSummary
+from specft.data.template import prompt_ids
+
+log = logging.getLogger(__name__)
+
+
+def store_path(cache_dir: Path, rank: int) -> Path:
+    return cache_dir / f"regenerated-r{rank:03d}.jsonl"
+
+
+def _load_store(path: Path) -> dict[int, Conversation]:
+    """Finished conversations; a line cut short by a kill is ignored (it is redone)."""
+    done = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+                done[int(rec["index"])] = rec["messages"]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+    return done
+
+
+def _append(path: Path, records: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _stop_ids(tokenizer, model) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return {i for i in ids if i is not None}
+
+
+@torch.no_grad()
+def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateConfig,
+                   seed: int) -> tuple[list[list[int]], list[bool]]:
+    """Left-padded batched generation; returns each row's new tokens up to (not
+    including) its first stop token, and whether the row hit max_new_tokens."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        attn[row, width - len(p):] = 1
+    sample = rc.temperature > 0
+    torch.manual_seed(seed)
+    stops = _stop_ids(tokenizer, model)
+    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=rc.max_new_tokens,
+                         do_sample=sample, temperature=rc.temperature if sample else None,
+                         top_p=rc.top_p if sample else None, top_k=rc.top_k if sample else None,
+                         eos_token_id=sorted(stops), pad_token_id=pad)
+    answers, capped = [], []
+    for row in out[:, width:].tolist():
+        cut = next((j for j, t in enumerate(row) if t in stops), None)
+        answers.append(row[:cut] if cut is not None else row)
+        capped.append(cut is None)
+    return answers, capped
+
+
+def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: DataConfig,
+                          seed: int, summary: DataSummary) -> tuple[list[Conversation], int]:
+    """Answer every assistant turn of ``convs`` in order, turn by turn across the batch."""
+    convs = [[dict(m) for m in c] for c in convs]
+    new_tokens = 0
+    slot = 0
+    while True:
+        rows = []  # (conversation, message position) of each conversation's slot-th answer
+        for c in convs:
+            positions = [j for j, m in enumerate(c) if m["role"] == "assistant"]
+            if slot < len(positions):
+                rows.append((c, positions[slot]))
+        if not rows:
+            return convs, new_tokens
+        prompts = [prompt_ids(tokenizer, c[:j], cfg.thinking) for c, j in rows]
+        answers, capped = generate_batch(model, tokenizer, prompts, cfg.regenerate, seed + slot)
+        for (c, j), ans, cap in zip(rows, answers, capped):
+            c[j]["content"] = tokenizer.decode(ans, skip_special_tokens=False).strip()
+            new_tokens += len(ans)
+            summary["regen_hit_max_new_tokens"] += int(cap)
+        slot += 1
+
+
+def regenerate(model, tokenizer, convs: list[Conversation], cfg: DataConfig, cache_dir: Path,
+               rank: int = 0, world_size: int = 1,
+               summary: DataSummary | None = None) -> list[Conversation | None]:
+    summary = summary if summary is not None else DataSummary()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = store_path(cache_dir, rank)
+    done = _load_store(path)
+    mine = list(range(rank, len(convs), world_size))
+    pending = [i for i in mine if i not in done]
+    rc = cfg.regenerate
+    t0, tokens = time.perf_counter(), 0
+    with tqdm(total=len(mine), initial=len(mine) - len(pending), unit="conv",
+              desc=f"regenerate r{rank}", disable=None) as bar:
+        for start in range(0, len(pending), rc.batch_size):
+            batch = pending[start: start + rc.batch_size]
+            answered, n = _answer_conversations(model, tokenizer, [convs[i] for i in batch], cfg,
+                                                rc.seed + batch[0], summary)
+            _append(path, [{"index": i, "messages": c} for i, c in zip(batch, answered)])
+            done.update(zip(batch, answered))
+            tokens += n
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.1f} tok/s")
+    if pending:
+        log.info("regenerate r%d: %d conversations, %d new tokens in %.1fs", rank, len(pending),
+                 tokens, time.perf_counter() - t0)
+    summary["regenerated"] += len(mine)
+    return [done[i] if i in done else None for i in range(len(convs))]

@@ -1,0 +1,109 @@
+"""Regeneration: the quantized target answers the prompts, batched, resumable, cached."""
+
+import json
+
+import torch
+
+from specft.cache import CacheReader, ensure_cache, locate_cache
+from specft.config import RegenerateConfig
+from specft.data import DataSummary, load_conversations
+from specft.data.regenerate import generate_batch, regenerate, store_path
+from specft.data.template import prompt_ids
+from specft.quant import apply_quant
+from specft.target import load_target, load_tokenizer
+
+from helpers import root_cfg
+
+
+def _cfg(tmp_path, *extra):
+    return root_cfg("model=tiny_qwen3", "quant=mxfp4", "data.num_samples=6", "cache.dtype=fp32",
+                    "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=12",
+                    "data.regenerate.batch_size=4", f"cache.root={tmp_path / 'cache'}", *extra)
+
+
+def _greedy_one(model, prompt, n):
+    out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def test_batched_answers_equal_one_at_a_time_greedy(tmp_path):
+    cfg = _cfg(tmp_path)
+    tok = load_tokenizer(cfg.model)
+    model, _ = load_target(cfg.model)
+    apply_quant(model, cfg.quant)
+    convs = load_conversations(cfg.data)
+    prompts = [prompt_ids(tok, c[:1]) for c in convs[:4]]
+    answers, capped = generate_batch(model, tok, prompts, RegenerateConfig(max_new_tokens=12), seed=0)
+    for prompt, ans, cap in zip(prompts, answers, capped):
+        alone = _greedy_one(model, prompt, 12)
+        stop = next((j for j, t in enumerate(alone) if t == tok.eos_token_id), None)
+        assert ans == (alone[:stop] if stop is not None else alone)
+        assert cap == (stop is None)
+
+
+def test_regenerated_cache_holds_the_targets_answers_and_resumes(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    cache_dir = ensure_cache(cfg)
+    tok = load_tokenizer(cfg.model)
+    stored = [json.loads(line) for line in store_path(cache_dir, 0).read_text().splitlines()]
+    assert sorted(r["index"] for r in stored) == list(range(6))
+    original = load_conversations(cfg.data)
+    reader = CacheReader(cache_dir)
+    manifest = reader.manifest
+    assert manifest["data_summary"]["regenerated"] == 6
+    for rec in stored:
+        answer = rec["messages"][-1]["content"]
+        assert rec["messages"][:-1] == original[rec["index"]][:-1]  # prompts kept
+        assert answer != original[rec["index"]][-1]["content"]  # the random target's words
+        sample = reader[reader.indices.index(rec["index"])]
+        masked = tok.decode(sample["input_ids"][sample["loss_mask"].bool()].tolist())
+        assert answer.strip() in masked
+    # Token counts come from what was cached, i.e. the regenerated answers.
+    counts = reader.token_counts()
+    masked_ids = torch.cat([reader[i]["input_ids"][reader[i]["loss_mask"].bool()] for i in range(len(reader))])
+    assert torch.equal(counts, torch.bincount(masked_ids, minlength=counts.numel()))
+
+    # A run killed after the answers were stored resumes without generating again.
+    (cache_dir / "manifest.json").unlink()
+    for shard in cache_dir.glob("shard-*"):
+        shard.unlink()
+    (cache_dir / "progress-r000.json").unlink()
+    monkeypatch.setattr("specft.data.regenerate.generate_batch",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("generated again")))
+    assert ensure_cache(cfg) == cache_dir
+    again = CacheReader(cache_dir)
+    for i in range(len(reader)):
+        assert torch.equal(reader[i]["input_ids"], again[i]["input_ids"])
+
+
+def test_multi_turn_slots_are_answered_in_order(tmp_path):
+    cfg = _cfg(tmp_path, "data.regenerate.max_new_tokens=4")
+    tok = load_tokenizer(cfg.model)
+    model, _ = load_target(cfg.model)
+    convs = [[{"role": "user", "content": "Tom has 3 apples."}, {"role": "assistant", "content": None},
+              {"role": "user", "content": "And 4 more?"}, {"role": "assistant", "content": "old"}]]
+    seen = []
+    real = generate_batch
+
+    def spy(model_, tok_, prompts, rc, seed):
+        seen.append(tok.decode(prompts[0]))
+        return real(model_, tok_, prompts, rc, seed)
+
+    import specft.data.regenerate as mod
+    mod_generate = mod.generate_batch
+    mod.generate_batch = spy
+    try:
+        (out,) = regenerate(model, tok, convs, cfg.data, tmp_path / "c", summary=DataSummary())
+    finally:
+        mod.generate_batch = mod_generate
+    assert out[1]["content"] is not None and out[3]["content"] != "old"
+    assert len(seen) == 2 and out[1]["content"] in seen[1]  # turn 2 sees the new turn-1 answer
+
+
+def test_other_ranks_samples_are_left_alone(tmp_path):
+    cfg = _cfg(tmp_path)
+    cache_dir, _, tok = locate_cache(cfg)
+    model, _ = load_target(cfg.model)
+    convs = load_conversations(cfg.data)
+    out = regenerate(model, tok, convs, cfg.data, cache_dir, rank=1, world_size=2)
+    assert [c is None for c in out] == [True, False] * 3
