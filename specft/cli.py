@@ -1,4 +1,4 @@
-"""`specft <command> [hydra overrides]`: cache | train.
+"""`specft <command> [hydra overrides]`: cache | train | eval.
 
 The overrides are checked (every combination of a -m sweep) before Hydra runs a job, so
 a bad value is one line naming the field and what is allowed, exit code 2, and nothing
@@ -18,15 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 from specft.errors import ConfigError, SpecftError
 from specft.paths import conf_dir
 
-COMMANDS = ("cache", "train", "info")
+COMMANDS = ("cache", "train", "eval", "info")
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR           # what a cache holds
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8
   specft train -m quant=bf16,mxfp4        # Hydra multirun: one job per value
+  specft eval quant=mxfp4 'eval.drafts=[runs/a,runs/b]' 'eval.k=[3,4,5]'
 
-Config groups: model, quant, draft, loss, data, cache, trainer, logger (see conf/)."""
+Config groups: model, quant, draft, loss, data, cache, trainer, logger, eval (see conf/)."""
 
 log = logging.getLogger("specft")
 
@@ -109,7 +110,7 @@ def _git_sha() -> str | None:
 
 def _absolute_paths(cfg: DictConfig) -> None:
     """Ranks and later commands may run elsewhere: make every path absolute now."""
-    for key in ("run_dir", "cache.root", "cache.dir", "data.path"):
+    for key in ("run_dir", "cache.root", "cache.dir", "data.path", "eval.out_dir"):
         value = OmegaConf.select(cfg, key)
         if value:
             OmegaConf.update(cfg, key, str(Path(value).expanduser().resolve()))
@@ -142,6 +143,14 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     cfg.meta = {"git_sha": _git_sha(), "command": command, "argv": sys.argv[1:]}
     root = to_schema(cfg)
     run_dir = Path(root.run_dir)
+    if command == "eval":  # reads a run; writes only under its eval dir
+        from specft.eval import run_eval
+
+        out = Path(root.eval.out_dir or run_dir / "eval")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        run_eval(root)
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_path.write_text(OmegaConf.to_yaml(cfg))

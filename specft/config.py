@@ -158,6 +158,26 @@ class LoggerConfig:
 
 
 @dataclass
+class EvalConfig:
+    """`specft eval`: decode prompts from `data` with the quantized target, alone and with
+    each draft, for every k and batch size."""
+    drafts: list[str] = field(default_factory=list)  # checkpoint dirs; empty: this run's final draft
+    labels: list[str] | None = None  # one per draft; null: the folder names
+    target_alone: bool = True
+    k: list[int] = field(default_factory=lambda: [3, 4, 5])
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    num_prompts: int = 16
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    min_confidence: float = 0.0  # > 0: a row stops drafting when the draft's top-1 falls below
+    dtype: str = "float32"  # float64 makes greedy decoding exact against the reference
+    out_dir: str | None = None  # null: <run_dir>/eval
+    seed: int = 0
+
+
+@dataclass
 class RootConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -167,6 +187,7 @@ class RootConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run_dir: str = MISSING
     seed: int = 0
     meta: dict[str, Any] = field(default_factory=dict)  # git SHA, command: written at launch
@@ -295,7 +316,6 @@ def validate(cfg: RootConfig) -> None:
     _choice(t.precision, PRECISIONS, "trainer.precision")
     _choice(cfg.logger.name, ("jsonl", "wandb"), "logger.name")
     # Registries are checked late-bound so config.py does not import the heavy stages.
-    from specft.data.sources import DATA_SOURCES
     from specft.draft import DRAFT_HEADS
     from specft.train.losses import LOSSES
 
@@ -318,6 +338,25 @@ def validate(cfg: RootConfig) -> None:
     if t.mix_quant is not None:
         load_quant_config(t.mix_quant, "trainer.mix_quant")
     _validate_data(cfg.data)
+    _validate_eval(cfg.eval)
+
+
+def _validate_eval(e: EvalConfig) -> None:
+    for k in e.k:
+        if not 1 <= k <= 16:
+            raise ConfigError(f"eval.k: draft lengths must be in 1..16, got {k}")
+    for b in e.batch_sizes:
+        _positive(b, "eval.batch_sizes")
+    _positive(e.num_prompts, "eval.num_prompts")
+    _positive(e.max_new_tokens, "eval.max_new_tokens")
+    _choice(e.dtype, ("float32", "float64", "bfloat16"), "eval.dtype")
+    if e.labels is not None and len(e.labels) != len(e.drafts):
+        raise ConfigError(f"eval.labels: one label per draft; {len(e.drafts)} drafts, {len(e.labels)} labels")
+    if e.temperature < 0 or not 0 < e.top_p <= 1 or e.top_k < 0:
+        raise ConfigError(f"eval: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
+                          f"{e.temperature}, {e.top_p}, {e.top_k}")
+    if not 0 <= e.min_confidence < 1:
+        raise ConfigError(f"eval.min_confidence: must be in [0, 1), got {e.min_confidence}")
 
 
 SPLITS = ("all", "train", "validation")

@@ -106,7 +106,11 @@ def test_moe_target(tmp_path):
 
 
 def test_two_ranks_write_the_same_cache_as_one(tmp_path):
-    common = ["model=tiny_qwen3", "quant=mxfp4", "data.num_samples=24", "cache.samples_per_shard=5"]
+    # With regeneration: each rank answers its own prompts (one at a time, so batch
+    # padding cannot move a greedy token) and the caches still agree sample by sample.
+    common = ["model=tiny_qwen3", "quant=mxfp4", "data.num_samples=24", "cache.samples_per_shard=5",
+              "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=6",
+              "data.regenerate.batch_size=1"]
     (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
     run_cli(["cache", *common], cwd=tmp_path / "one")
     run_cli(["train", *common, "trainer.nproc=2", "trainer.max_steps=6"], cwd=tmp_path / "two")
@@ -114,6 +118,7 @@ def test_two_ranks_write_the_same_cache_as_one(tmp_path):
     (two,) = _cache_dirs(tmp_path / "two" / "cache")
     assert one.name == two.name  # same provenance
     assert {p.name for p in two.glob("shard-r001-*")}, "rank 1 wrote no shard"
+    assert (two / "regenerated-r001.jsonl").exists()
     a, b = CacheReader(one), CacheReader(two)
     assert len(a) == len(b) == 24
     for i in range(24):
@@ -208,3 +213,25 @@ def test_info_describes_a_cache(tmp_path):
     assert "storage    fp8, 1 shards" in out and "contents   8 samples" in out
     bad = run_cli(["info", str(tmp_path)], cwd=tmp_path, check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("error: info:")
+
+
+def test_eval_decodes_with_the_trained_draft_and_writes_reports(tmp_path):
+    common = ["model=tiny_qwen3", "quant=mxfp4"]
+    run_cli(["train", *common, "trainer.max_steps=4"], cwd=tmp_path)
+    proc = run_cli(["eval", *common, "eval.k=[1,3]", "eval.batch_sizes=[1,4]", "eval.num_prompts=4",
+                    "eval.max_new_tokens=12"], cwd=tmp_path)
+    out = tmp_path / "runs/tiny_qwen3-mxfp4-eagle3-kl/eval"
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert [(r["draft"], r["k"], r["batch_size"]) for r in results] == [
+        ("target alone", 0, 1), ("tiny_qwen3-mxfp4-eagle3-kl", 1, 1), ("tiny_qwen3-mxfp4-eagle3-kl", 3, 1),
+        ("target alone", 0, 4), ("tiny_qwen3-mxfp4-eagle3-kl", 1, 4), ("tiny_qwen3-mxfp4-eagle3-kl", 3, 4)]
+    for r in results:
+        assert r["generated_tokens"] > 0 and r["latency_ms_per_token"] > 0
+        if r["k"]:
+            assert r["proposed"] > 0 and 0 <= r["acceptance_rate"] <= 1 and len(r["acceptance_at"]) == r["k"]
+            assert r["memory_vs_target_alone"] > 0 and "flip_rate" in r
+    for name in ("results.md", "acceptance_by_position.png", "latency_by_k.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| target alone | 0 | 1 |" in proc.stdout
+    bad = run_cli(["eval", *common, "eval.drafts=[nowhere]"], cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: eval.drafts: no draft")

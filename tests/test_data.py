@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from specft.config import DataConfig, RegenerateConfig
-from specft.data import DataSummary, load_conversations, load_samples, tokenize_all, tokenize_conversation
+from specft.data import (
+    DataSummary,
+    load_conversations,
+    load_samples,
+    tokenize_all,
+    tokenize_conversation,
+)
 from specft.data.template import render
 from specft.errors import SpecftError
 from specft.target.tiny import build_tokenizer

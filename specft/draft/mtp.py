@@ -33,7 +33,9 @@ class MtpAttention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.rotary = Rotary(c.head_dim, c.rope_theta)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """q, k, v [B, heads, T, d] with RoPE at ``positions`` ([T] or [B, T]); k and v
+        repeated to the query heads."""
         b, t, _ = x.shape
         c = self.c
 
@@ -46,8 +48,12 @@ class MtpAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
         rep = c.num_heads // c.num_kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(c.head_dim))
+        return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x, positions)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.c.head_dim))
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -1,0 +1,49 @@
+"""Load a trained draft from its checkpoint folder for decoding."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft
+from specft.errors import SpecftError
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run dir, its checkpoints/ folder, or a checkpoint folder itself."""
+    p = Path(path).expanduser()
+    for candidate in (p, p / "final", p / "checkpoints" / "final"):
+        if (candidate / "draft.safetensors").exists() and (candidate / "draft_config.json").exists():
+            return candidate.resolve()
+    raise SpecftError(f"eval.drafts: no draft checkpoint (draft.safetensors + draft_config.json) at {path}")
+
+
+def load_draft(path: str | Path, dtype: torch.dtype = torch.float32):
+    """(draft module in eval mode, its draft_config.json as a dict)."""
+    folder = resolve_checkpoint(path)
+    meta = json.loads((folder / "draft_config.json").read_text())
+    c = Eagle3Config(**{f.name: meta[f.name] for f in fields(Eagle3Config) if f.name in meta})
+    state = load_file(str(folder / "draft.safetensors"))
+    vd, v = c.draft_vocab_size, c.target_vocab_size
+    placeholder_vocab = torch.arange(vd)
+    arch = meta.get("architecture", "eagle3")
+    if arch == "eagle3":
+        draft = Eagle3Draft(c, torch.zeros(v, c.hidden_size), placeholder_vocab)
+    elif arch == "mtp":
+        draft = MtpDraft(c, torch.zeros(v, c.hidden_size), placeholder_vocab, torch.zeros(v, c.hidden_size))
+    else:
+        raise SpecftError(f"eval.drafts: {folder} holds an unknown architecture {arch!r}")
+    if meta.get("draft_quant"):
+        from specft.draft.qat import apply_draft_qat
+        from specft.quant.spec import load_quant_config
+
+        apply_draft_qat(draft, load_quant_config(meta["draft_quant"], "draft_quant"))
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SpecftError(f"eval.drafts: {folder} does not match its config (missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]})")
+    return draft.to(dtype).eval(), meta

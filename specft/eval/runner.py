@@ -1,0 +1,194 @@
+"""`specft eval`: decode held-out prompts with the quantized target alone and with each
+draft, for every k and batch size; record what users care about."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import resource
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specft.config import RootConfig, aux_layer_ids
+from specft.errors import SpecftError
+from specft.spec import DecodeStats, SamplingConfig, SpecDecoder
+from specft.spec.draft import DRAFT_RUNNERS
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def load_prompts(cfg: RootConfig, tokenizer) -> list[list[int]]:
+    """Each conversation up to its first assistant turn, with the generation prompt."""
+    from specft.data import load_conversations
+    from specft.data.template import prompt_ids
+
+    data = dataclasses.replace(cfg.data, num_samples=cfg.eval.num_prompts,
+                               regenerate=dataclasses.replace(cfg.data.regenerate, enabled=True))
+    room = max(cfg.data.max_seq_len - cfg.eval.max_new_tokens, 1)  # keep the prompt's end
+    prompts = []
+    for conv in load_conversations(data):
+        first = next(i for i, m in enumerate(conv) if m["role"] == "assistant")
+        prompts.append(prompt_ids(tokenizer, conv[:first], cfg.data.thinking)[-room:])
+    return prompts
+
+
+def load_quantized_target(cfg: RootConfig, prompts: list[list[int]], dtype: torch.dtype):
+    from specft.quant import apply_quant, calibrate
+    from specft.target import load_target
+
+    model, _ = load_target(cfg.model)
+    report = apply_quant(model, cfg.quant)
+    if cfg.quant.needs_calibration:
+        calibrate(model, report, ({"input_ids": torch.tensor([p])}
+                                  for p in prompts[: cfg.quant.calibration_samples]))
+    return model.to(dtype).eval()
+
+
+def _bytes(module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+def _eos_ids(tokenizer, model) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(gen if isinstance(gen, list) else [gen])
+    return {i for i in ids if i is not None}
+
+
+def _load_drafts(cfg: RootConfig, dtype) -> list[tuple[str, object, dict]]:
+    from specft.eval.drafts import load_draft, resolve_checkpoint
+
+    e = cfg.eval
+    paths = e.drafts or [str(Path(cfg.run_dir) / "checkpoints" / "final")]
+    labels = e.labels or [resolve_checkpoint(p).parent.parent.name for p in paths]
+    out = []
+    expected_ids = aux_layer_ids(cfg.model)
+    for label, path in zip(labels, paths):
+        draft, meta = load_draft(path, dtype)
+        if meta.get("target_hidden_size", cfg.model.hidden_size) != cfg.model.hidden_size or \
+                meta.get("aux_layer_ids", expected_ids) != expected_ids:
+            raise SpecftError(f"eval.drafts: {path} was trained for another target ({meta.get('target_model')}, "
+                              f"aux layers {meta.get('aux_layer_ids')}); this target is {cfg.model.name} "
+                              f"with aux layers {expected_ids}")
+        out.append((label, draft, meta))
+    return out
+
+
+def _decode_all(decoder: SpecDecoder, prompts, k: int, batch: int, cfg: RootConfig):
+    e = cfg.eval
+    s = SamplingConfig(e.temperature, e.top_p, e.top_k)
+    total = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k)
+    tokens = []
+    for i in range(0, len(prompts), batch):
+        res = decoder.generate(prompts[i: i + batch], k, e.max_new_tokens, s, e.min_confidence, seed=e.seed + i)
+        tokens.extend(res.tokens)
+        st = res.stats
+        for f in ("proposed", "accepted", "rounds", "generated", "prefill_s", "decode_s"):
+            setattr(total, f, getattr(total, f) + getattr(st, f))
+        total.proposed_at = [a + b for a, b in zip(total.proposed_at, st.proposed_at)]
+        total.accepted_at = [a + b for a, b in zip(total.accepted_at, st.accepted_at)]
+        total.peak_kv_bytes = max(total.peak_kv_bytes, st.peak_kv_bytes)
+    return tokens, total
+
+
+def _divergence(tokens: list[list[int]], reference: list[list[int]]) -> dict:
+    """How far each output follows the target-alone output before the first difference."""
+    compared, diverged = 0, 0
+    for got, ref in zip(tokens, reference):
+        n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+        if n is None and len(got) != len(ref):
+            n = min(len(got), len(ref))
+        compared += (n + 1) if n is not None else len(ref)
+        diverged += n is not None
+    return {"rows_diverged": diverged, "rows": len(reference),
+            "flip_rate": diverged / compared if compared else 0.0}
+
+
+def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, prompts: int) -> dict:
+    per_seq_tokens = st.generated / prompts
+    batches = -(-prompts // batch)
+    return {
+        "draft": label, "k": k, "batch_size": batch,
+        "acceptance_rate": st.acceptance_rate, "acceptance_length": st.acceptance_length,
+        "acceptance_at": [a / p if p else 0.0 for a, p in zip(st.accepted_at, st.proposed_at)],
+        "proposed": st.proposed, "accepted": st.accepted, "target_forwards": st.rounds,
+        "generated_tokens": st.generated,
+        # Time per output token of one sequence, decode phase (prefill reported apart).
+        "latency_ms_per_token": 1000 * st.decode_s / (per_seq_tokens * batches) if per_seq_tokens else 0.0,
+        "tokens_per_s": st.generated / st.decode_s if st.decode_s else 0.0,
+        "prefill_s": st.prefill_s, "decode_s": st.decode_s,
+        "weights_bytes": weights, "peak_kv_bytes": st.peak_kv_bytes,
+        "memory_bytes": weights + st.peak_kv_bytes,
+    }
+
+
+def run_eval(cfg: RootConfig) -> Path:
+    from specft.eval.report import write_reports
+    from specft.target import load_tokenizer
+
+    e = cfg.eval
+    out_dir = Path(e.out_dir or Path(cfg.run_dir) / "eval").expanduser().resolve()
+    dtype = DTYPES[e.dtype]
+    tokenizer = load_tokenizer(cfg.model)
+    prompts = load_prompts(cfg, tokenizer)
+    drafts = _load_drafts(cfg, dtype)
+    target = load_quantized_target(cfg, prompts, dtype)
+    eos = _eos_ids(tokenizer, target)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    target_bytes = _bytes(target)
+    runs = [(None, None, 0)] if e.target_alone else []
+    runs += [(label, draft, k) for label, draft, _ in drafts for k in e.k]
+    records = []
+    ids = aux_layer_ids(cfg.model)
+    with tqdm(total=len(runs) * len(e.batch_sizes), desc="eval", unit="run", disable=None) as bar:
+        for batch in e.batch_sizes:
+            reference = None
+            for label, draft, k in runs:
+                runner = DRAFT_RUNNERS.get(draft_arch(draft), "draft")(draft) if draft is not None else None
+                decoder = SpecDecoder(target, runner, ids, eos, pad)
+                tokens, st = _decode_all(decoder, prompts, k, batch, cfg)
+                weights = target_bytes + (_bytes(draft) if draft is not None else 0)
+                rec = _record(label or "target alone", k, batch, st, weights, len(prompts))
+                if label is None:
+                    reference = tokens
+                elif reference is not None and e.temperature == 0:
+                    rec.update(_divergence(tokens, reference))
+                records.append(rec)
+                bar.update()
+                bar.set_postfix_str(f"{rec['draft']} k={k} b={batch} acc={rec['acceptance_rate']:.3f}")
+    _relative(records)
+    meta = {"model": cfg.model.name, "quant": cfg.quant.name, "prompts": len(prompts),
+            "data": cfg.data.name, "split": cfg.data.split, "max_new_tokens": e.max_new_tokens,
+            "temperature": e.temperature, "dtype": e.dtype, "torch_threads": torch.get_num_threads(),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "drafts": {label: meta for label, _, meta in drafts}}
+    write_reports(out_dir, records, meta)
+    return out_dir
+
+
+def draft_arch(draft) -> str:
+    from specft.draft import MtpDraft
+
+    return "mtp" if isinstance(draft, MtpDraft) else "eagle3"
+
+
+def _relative(records: list[dict]) -> None:
+    """Latency change against the first draft at the same k and batch size,
+    (T_base - T_x) / T_base, and memory against the target alone."""
+    drafts = [r["draft"] for r in records if r["k"]]
+    first = drafts[0] if drafts else None
+    base = {(r["k"], r["batch_size"]): r for r in records if r["draft"] == first}
+    alone = {r["batch_size"]: r for r in records if r["k"] == 0}
+    for r in records:
+        b = base.get((r["k"], r["batch_size"]))
+        if b is not None and b["latency_ms_per_token"]:
+            r["latency_change_vs_first"] = (b["latency_ms_per_token"] - r["latency_ms_per_token"]) / b["latency_ms_per_token"]
+        a = alone.get(r["batch_size"])
+        if a is not None:
+            r["memory_vs_target_alone"] = r["memory_bytes"] / a["memory_bytes"] - 1
+            if a["latency_ms_per_token"]:
+                r["latency_change_vs_target_alone"] = (a["latency_ms_per_token"] - r["latency_ms_per_token"]) / a["latency_ms_per_token"]

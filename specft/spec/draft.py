@@ -1,0 +1,265 @@
+"""The draft side: chain drafting with a KV cache, for the heads in specft.draft.
+
+The cache holds one entry per context position p, computed as the draft's first step
+there (EAGLE-3: token x[p+1] with fc(target aux features at p); MTP: token x[p+1] with
+the target's final hidden at p), exactly what the training unroll's step 0 attends to.
+A round drafts k tokens from the last context position: step j feeds the token drafted
+at step j-1 and the draft's own hidden state, at RoPE position p+j, attending to the
+context entries and to this chain's earlier steps, as training-time test does for
+EAGLE-3. The chain's entries are dropped after the round. (An MTP head is trained with a
+separate causal sequence per step; drafting it as a chain, as serving engines do, is
+exact for its first token and an approximation after that.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specft.draft.eagle3 import Eagle3Draft
+from specft.draft.mtp import MtpDraft
+from specft.registry import Registry
+from specft.spec.sampling import SamplingConfig, sample, warp
+
+DRAFT_RUNNERS: Registry = Registry("draft runner")
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, k] target ids
+    probs: torch.Tensor | None  # [B, k, V] warped draft distributions over the target vocab (sampling only)
+    proposed: torch.Tensor  # [B] how many of the k tokens each row really proposes
+
+
+def stop_unsure(logits: torch.Tensor, j: int, min_confidence: float, active: torch.Tensor,
+                proposed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic draft length: a row whose draft top-1 probability at step j is below
+    ``min_confidence`` proposes only its first j tokens. Returns (active, proposed)."""
+    if min_confidence <= 0:
+        return active, proposed
+    confident = torch.softmax(logits.float(), -1).amax(-1) >= min_confidence
+    proposed = torch.where(active & ~confident, torch.full_like(proposed, j), proposed)
+    return active & confident, proposed
+
+
+def _last_valid(valid: torch.Tensor) -> torch.Tensor:
+    m = valid.shape[1]
+    return m - 1 - valid.long().flip(-1).argmax(-1)
+
+
+class ChainRunner:
+    """Shared cache and chain machinery; subclasses define one draft step."""
+
+    def __init__(self, draft):
+        self.draft = draft
+        self.attns = self._attention_modules()
+
+    # --- per-architecture pieces -------------------------------------------------
+    def _attention_modules(self) -> list:
+        raise NotImplementedError
+
+    def _step(self, emb, hidden, attend) -> torch.Tensor:
+        """One draft step over m columns; ``attend(i, x)`` runs attention module i."""
+        raise NotImplementedError
+
+    def _start_hidden(self, aux, final) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _logits(self, hidden) -> torch.Tensor:
+        raise NotImplementedError
+
+    # --- cache ---------------------------------------------------------------------
+    def reset(self, batch: int, device) -> None:
+        n = len(self.attns)
+        self.keys = [None] * n
+        self.values = [None] * n
+        self.mask = torch.zeros(batch, 0, dtype=torch.bool, device=device)
+        self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.keys = [k[rows] for k in self.keys]
+        self.values = [v[rows] for v in self.values]
+        self.mask, self.next_pos = self.mask[rows], self.next_pos[rows]
+
+    def kv_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values] if t is not None)
+
+    def _run(self, emb, hidden, positions, new_valid, chain_k=None, chain_v=None):
+        """Run one step over m new columns. Keys visible to column c: valid cache
+        entries, the chain's entries, and new columns <= c that are valid (a column
+        always sees itself, so padding columns stay finite)."""
+        b, m = new_valid.shape
+        chain_len = len(chain_k[0]) if chain_k else 0
+        causal = torch.ones(m, m, dtype=torch.bool, device=emb.device).tril()
+        new_keys_ok = (new_valid[:, None, :] & causal) | torch.eye(m, dtype=torch.bool, device=emb.device)
+        old = torch.cat([self.mask, torch.ones(b, chain_len, dtype=torch.bool, device=emb.device)], 1)
+        visible = torch.cat([old[:, None, :].expand(b, m, -1), new_keys_ok], -1)[:, None]
+        fresh = []
+
+        def attend(i, x):
+            attn = self.attns[i]
+            q, k, v = attn.qkv(x, positions)
+            ks = [t for t in (self.keys[i], *(chain_k[i] if chain_k else ())) if t is not None]
+            vs = [t for t in (self.values[i], *(chain_v[i] if chain_v else ())) if t is not None]
+            keys, vals = torch.cat([*ks, k], 2), torch.cat([*vs, v], 2)
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=visible,
+                                                 scale=1.0 / math.sqrt(attn.c.head_dim))
+            fresh.append((k, v))
+            return attn.o_proj(out.transpose(1, 2).reshape(b, m, -1))
+
+        hidden = self._step(emb, hidden, attend)
+        return hidden, fresh
+
+    @torch.no_grad()
+    def extend(self, aux, final, tokens, next_tokens, valid) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add context positions (features at p, token x[p+1]) for the ``valid`` columns
+        [B, m] (``tokens`` holds x[p], unused by feature-driven heads); returns the hidden state and logits at each row's last new position."""
+        valid = valid.bool()
+        positions = self.next_pos[:, None] + (valid.long().cumsum(-1) - 1).clamp(min=0)
+        hidden, fresh = self._run(self.draft.embed_tokens(next_tokens), self._start_hidden(aux, final),
+                                  positions, valid)
+        for i, (k, v) in enumerate(fresh):
+            self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], 2)
+            self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], 2)
+        self.mask = torch.cat([self.mask, valid], 1)
+        self.next_pos = self.next_pos + valid.sum(-1)
+        last = hidden[torch.arange(hidden.shape[0]), _last_valid(valid)]
+        return last, self._logits(last)
+
+    @torch.no_grad()
+    def propose(self, hidden, logits, k: int, s: SamplingConfig, min_confidence: float = 0.0,
+                generator: torch.Generator | None = None) -> Proposal:
+        """Draft k tokens from each row's last context position."""
+        b = hidden.shape[0]
+        d2t = self.draft.draft_to_target
+        tokens, probs = [], []
+        proposed = torch.full((b,), k, dtype=torch.long, device=hidden.device)
+        active = torch.ones(b, dtype=torch.bool, device=hidden.device)
+        chain_k = [[] for _ in self.attns]
+        chain_v = [[] for _ in self.attns]
+        base = self.next_pos - 1
+        for j in range(k):
+            if j:
+                emb = self.draft.embed_tokens(tokens[-1])[:, None]
+                hidden, fresh = self._run(emb, hidden[:, None], (base + j)[:, None],
+                                          torch.ones(b, 1, dtype=torch.bool, device=hidden.device),
+                                          chain_k, chain_v)
+                for i, (kk, vv) in enumerate(fresh):
+                    chain_k[i].append(kk)
+                    chain_v[i].append(vv)
+                hidden = hidden[:, 0]
+                logits = self._logits(hidden)
+            active, proposed = stop_unsure(logits, j, min_confidence, active, proposed)
+            if s.greedy:
+                choice = logits.argmax(-1)
+            else:
+                q = warp(logits, s)
+                choice = sample(q, generator)
+                full = torch.zeros(b, self.draft.t2d.numel(), dtype=q.dtype, device=q.device)
+                probs.append(full.scatter(1, d2t.expand(b, -1), q))
+            tokens.append(d2t[choice])
+            if min_confidence > 0 and not active.any():
+                break
+        stacked = torch.stack(tokens, 1)
+        return Proposal(stacked, torch.stack(probs, 1) if probs else None, proposed.clamp(max=stacked.shape[1]))
+
+
+@DRAFT_RUNNERS.register("eagle3")
+class Eagle3Runner(ChainRunner):
+    draft: Eagle3Draft
+
+    def _attention_modules(self):
+        return [layer.self_attn for layer in [self.draft.midlayer, *self.draft.extra_layers]]
+
+    def _start_hidden(self, aux, final):
+        return self.draft.fc(aux.to(self.draft.fc.weight.dtype))
+
+    def _step(self, emb, hidden, attend):
+        for i, layer in enumerate([self.draft.midlayer, *self.draft.extra_layers]):
+            if layer.first:
+                x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+            else:
+                x = layer.input_layernorm(hidden)
+            h = hidden + attend(i, x)
+            hidden = h + layer._mlp(layer.post_attention_layernorm(h))
+        return hidden
+
+    def _logits(self, hidden):
+        return self.draft.lm_head(self.draft.norm(hidden))
+
+
+@DRAFT_RUNNERS.register("mtp")
+class MtpRunner(ChainRunner):
+    draft: MtpDraft
+
+    def _attention_modules(self):
+        return [self.draft.block.self_attn]
+
+    def _start_hidden(self, aux, final):
+        return final.to(self.draft.eh_proj.weight.dtype)
+
+    def _step(self, emb, hidden, attend):
+        d = self.draft
+        x = d.eh_proj(torch.cat([d.hnorm(hidden), d.enorm(emb)], -1))
+        blk = d.block
+        h = x + attend(0, blk.input_layernorm(x))
+        m = blk.mlp
+        y = blk.post_attention_layernorm(h)
+        return h + m["down_proj"](F.silu(m["gate_proj"](y)) * m["up_proj"](y))
+
+    def _logits(self, hidden):
+        return self.draft.shared_head["norm"](hidden) @ self.draft.head_weight.to(hidden.dtype).T
+
+
+class TargetAsDraft:
+    """The target drafting for itself (an oracle): proposes the target's own greedy or
+    sampled continuation. An upper bound for acceptance and a check of the engine: under
+    greedy verification every proposal must be accepted."""
+
+    def __init__(self, model):
+        from specft.spec.target import TargetRunner
+
+        self.runner = TargetRunner(model, None)
+        self.draft = None
+
+    def reset(self, batch: int, device) -> None:
+        self.runner.reset(batch, device)
+
+    def select_rows(self, rows) -> None:
+        self.runner.select_rows(rows)
+
+    def kv_bytes(self) -> int:
+        return self.runner.kv_bytes()
+
+    @torch.no_grad()
+    def extend(self, aux, final, tokens, next_tokens, valid):
+        """Commit x[p] for the new positions, then feed x[n+1] (kept pending: it is the
+        next round's first target column) to get the logits of x[n+2]."""
+        valid = valid.long()
+        self.runner.forward(tokens, valid)
+        self.runner.commit(valid.sum(-1))
+        nxt = next_tokens[torch.arange(valid.shape[0]), _last_valid(valid.bool())]
+        return None, self.runner.forward(nxt[:, None]).logits[:, -1]
+
+    @torch.no_grad()
+    def propose(self, hidden, logits, k: int, s: SamplingConfig, min_confidence: float = 0.0,
+                generator: torch.Generator | None = None) -> Proposal:
+        tokens, probs = [], []
+        b = logits.shape[0]
+        proposed = torch.full((b,), k, dtype=torch.long, device=logits.device)
+        active = torch.ones(b, dtype=torch.bool, device=logits.device)
+        for j in range(k):
+            if j:
+                logits = self.runner.forward(tokens[-1][:, None]).logits[:, -1]
+            active, proposed = stop_unsure(logits, j, min_confidence, active, proposed)
+            if s.greedy:
+                tokens.append(logits.argmax(-1))
+            else:
+                q = warp(logits, s)
+                probs.append(q)
+                tokens.append(sample(q, generator))
+        self.runner.commit(torch.zeros(b, dtype=torch.long, device=logits.device))  # drop x[n+1] and the chain
+        return Proposal(torch.stack(tokens, 1), torch.stack(probs, 1) if probs else None, proposed)

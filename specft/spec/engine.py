@@ -1,0 +1,154 @@
+"""The decode loop: prefill, then rounds of draft k -> verify k+1 in one target forward
+-> keep the accepted prefix plus one target token, per row."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specft.spec.draft import ChainRunner
+from specft.spec.sampling import SamplingConfig, sample, verify_greedy, verify_sampling, warp
+from specft.spec.target import TargetRunner
+
+
+@dataclass
+class DecodeStats:
+    proposed: int = 0
+    accepted: int = 0
+    rounds: int = 0  # target forwards after prefill (row-rounds: summed over live rows)
+    generated: int = 0
+    proposed_at: list[int] = field(default_factory=list)  # per draft position
+    accepted_at: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    peak_kv_bytes: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens emitted per target forward (accepted drafts + the target's own token)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[list[int]]  # generated ids per prompt (EOS included when hit)
+    stats: DecodeStats
+
+
+def _left_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long, device=device)
+    valid = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p, device=device)
+        valid[row, width - len(p):] = 1
+    return ids, valid
+
+
+class SpecDecoder:
+    """``draft`` None decodes with the target alone (one token per forward)."""
+
+    def __init__(self, target_model, draft: ChainRunner | None, aux_layer_ids: list[int] | None,
+                 eos_ids: set[int], pad_id: int = 0):
+        self.target = TargetRunner(target_model, aux_layer_ids if draft is not None else None)
+        self.draft = draft
+        self.eos_ids = set(eos_ids)
+        self.pad_id = pad_id
+
+    def _choose(self, logits: torch.Tensor, s: SamplingConfig, gen) -> torch.Tensor:
+        return logits.argmax(-1) if s.greedy else sample(warp(logits, s), gen)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], k: int, max_new_tokens: int,
+                 sampling: SamplingConfig | None = None, min_confidence: float = 0.0,
+                 seed: int = 0) -> DecodeResult:
+        s = sampling or SamplingConfig()
+        k = k if self.draft is not None else 0
+        device = next(self.target.model.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        stats = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k)
+        b = len(prompts)
+        out: list[list[int]] = [[] for _ in range(b)]
+        rows = torch.arange(b)  # live row -> prompt index
+        t0 = time.perf_counter()
+        self.target.reset(b, device)
+        ids, valid = _left_pad(prompts, self.pad_id, device)
+        step = self.target.forward(ids, valid)
+        self.target.commit(valid.sum(-1))
+        last = self._choose(step.logits[:, -1], s, gen)  # x[T]: the next token, not yet in any cache
+        if self.draft is not None:
+            self.draft.reset(b, device)
+            nxt = torch.cat([ids[:, 1:], last[:, None]], 1)  # position p pairs with x[p+1]
+            d_hidden, d_logits = self.draft.extend(step.aux, step.final, ids, nxt, valid)
+        stats.prefill_s = time.perf_counter() - t0
+        live = self._emit(out, rows, last[:, None], torch.ones_like(last), max_new_tokens)
+        t0 = time.perf_counter()
+        while live.any():
+            if not live.all():
+                keep = live.nonzero().squeeze(1)
+                rows, last = rows[keep], last[keep]
+                self.target.select_rows(keep)
+                if self.draft is not None:
+                    self.draft.select_rows(keep)
+                    d_logits = d_logits[keep]
+                    d_hidden = d_hidden[keep] if d_hidden is not None else None
+            n = len(rows)
+            if k:
+                prop = self.draft.propose(d_hidden, d_logits, k, s, min_confidence, gen)
+                drafts, proposed = prop.tokens, prop.proposed
+            else:
+                drafts = torch.zeros(n, 0, dtype=torch.long, device=device)
+                proposed = torch.zeros(n, dtype=torch.long, device=device)
+            width = drafts.shape[1]
+            fed = torch.cat([last[:, None], drafts], 1)
+            step = self.target.forward(fed)
+            if s.greedy:
+                accepted, bonus = verify_greedy(drafts, step.logits, proposed)
+            else:
+                accepted, bonus = verify_sampling(drafts, prop.probs, step.logits, proposed, s, gen)
+            self.target.commit(accepted + 1)
+            self._count(stats, proposed, accepted, n)
+            emitted = torch.cat([drafts, bonus[:, None]], 1)
+            emitted[torch.arange(n), accepted] = bonus
+            live = self._emit(out, rows, emitted, accepted + 1, max_new_tokens)
+            if self.draft is not None:
+                # The kept positions: last, then the accepted drafts; each pairs with the token after it.
+                keep_cols = torch.arange(width + 1, device=device)[None] <= accepted[:, None]
+                d_hidden, d_logits = self.draft.extend(step.aux, step.final, fed, emitted, keep_cols)
+            stats.peak_kv_bytes = max(stats.peak_kv_bytes, self._kv_bytes())
+            last = bonus
+        stats.decode_s = time.perf_counter() - t0
+        stats.generated = sum(len(o) for o in out)
+        return DecodeResult(out, stats)
+
+    def _kv_bytes(self) -> int:
+        return self.target.kv_bytes() + (self.draft.kv_bytes() if self.draft is not None else 0)
+
+    def _count(self, stats: DecodeStats, proposed, accepted, n: int) -> None:
+        stats.rounds += n
+        stats.proposed += int(proposed.sum())
+        stats.accepted += int(accepted.sum())
+        for j in range(len(stats.proposed_at)):
+            stats.proposed_at[j] += int((proposed > j).sum())
+            stats.accepted_at[j] += int((accepted > j).sum())
+
+    def _emit(self, out, rows, emitted, count, max_new_tokens: int) -> torch.Tensor:
+        """Append each live row's first ``count`` tokens, stopping at EOS or the budget;
+        returns which rows continue."""
+        live = []
+        for r, prompt_idx in enumerate(rows.tolist()):
+            seq = out[prompt_idx]
+            done = False
+            for tok in emitted[r, : int(count[r])].tolist():
+                seq.append(tok)
+                if tok in self.eos_ids or len(seq) >= max_new_tokens:
+                    done = True
+                    break
+            live.append(not done)
+        return torch.tensor(live, dtype=torch.bool)
