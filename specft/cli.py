@@ -18,9 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 from specft.errors import ConfigError, SpecftError
 from specft.paths import conf_dir
 
-COMMANDS = ("cache", "train", "eval", "info")
+COMMANDS = ("cache", "train", "eval", "export", "info")
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR           # what a cache holds
+       specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp] [--quant auto|none|fp8|mxfp4]
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8
@@ -177,6 +178,31 @@ def _info(args: list[str]) -> int:
     return 0
 
 
+def _export(args: list[str]) -> int:
+    import argparse
+
+    from specft.export import QUANT_KINDS, export_draft
+    from specft.export.layouts import LAYOUTS
+
+    parser = argparse.ArgumentParser(prog="specft export", description="Write a trained draft in a "
+                                     "layout serving engines load.")
+    parser.add_argument("checkpoint", help="a run dir, its checkpoints/final, or a checkpoint folder")
+    parser.add_argument("out_dir")
+    parser.add_argument("--layout", default="eagle3", choices=sorted(LAYOUTS.names))
+    parser.add_argument("--quant", default="auto", choices=QUANT_KINDS,
+                        help="auto: the draft's QAT format (16-bit when it has none)")
+    parser.add_argument("--target-head", help="target_head.safetensors of the cache (mtp with a reduced vocab)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ns = parser.parse_args(args)
+    try:
+        out = export_draft(ns.checkpoint, ns.out_dir, ns.layout, ns.quant, ns.target_head, ns.dtype)
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {ns.layout} draft to {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import hydra
 
@@ -190,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command == "info":
         return _info(overrides)
+    if command == "export":
+        setup_logging()
+        return _export(overrides)
     setup_logging()
     hydra_flags = [a for a in overrides if a.startswith("-")]
     plain = [a for a in overrides if not a.startswith("-")]

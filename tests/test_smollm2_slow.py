@@ -26,3 +26,24 @@ def test_main_job_on_smollm2_runs_both_stages(tmp_path):
     (val,) = [r for r in records if r["split"] == "val"]
     assert val["step"] == 20 and val["accept_len"] >= 1.0
     assert (run_dir / "checkpoints/final/draft.safetensors").exists()
+
+
+def test_greedy_speculative_decoding_is_exact_on_smollm2():
+    """Float64 MXFP4 SmolLM2: speculative output equals transformers' greedy decoding,
+    k = 1..8, batch 16 and batch 1 (a noisy oracle draft makes rows accept different
+    lengths every round)."""
+
+    from test_spec import NoisyOracle, _reference, _setup
+
+    from specft.config import aux_layer_ids
+    from specft.spec import SpecDecoder
+
+    cfg, tok, m, prompts = _setup("smollm2_135m", n=16)
+    n = 10
+    ref = _reference(m, tok, prompts, n)
+    ids = aux_layer_ids(cfg.model)
+    eos = {tok.eos_token_id}
+    assert SpecDecoder(m, None, ids, eos).generate(prompts, 0, n).tokens == ref
+    for k in range(1, 9):
+        assert SpecDecoder(m, NoisyOracle(m, 0.3, k), ids, eos).generate(prompts, k, n).tokens == ref, k
+        assert SpecDecoder(m, NoisyOracle(m, 0.3, k), ids, eos).generate(prompts[:1], k, n).tokens == ref[:1], k

@@ -183,6 +183,17 @@ def quantize_with_clip_mask(x: torch.Tensor, spec: TensorQuantSpec,
     return back(q).to(x.dtype), back(clipped)
 
 
+def quantized_parts(x: torch.Tensor, spec: TensorQuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a serving format stores for symmetric schemes: (elements in the element
+    format's own units, grouped as the scheme groups them; scales, broadcastable to the
+    elements). elements * scales == fake_quant(x, spec), on the grouped view."""
+    fmt = get_format(spec.format)
+    xc = x.to(_compute_dtype(x))
+    v, dims, _ = _grouped(xc, spec)
+    scale = _SCALE_FNS[spec.scheme](v, dims, spec, fmt, xc)
+    return fmt.round(v / scale), scale
+
+
 def fake_quant(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Quantize ``x`` per ``spec`` and dequantize, returning ``x``'s dtype (no gradient)."""
     return quantize_with_clip_mask(x, spec, scale)[0]

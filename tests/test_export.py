@@ -1,0 +1,241 @@
+"""`specft export`: layouts pinned against the engines' documented names, and a round
+trip through a small independent reader (safetensors + json only) to identical logits."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft
+from specft.draft.qat import apply_draft_qat
+from specft.eval.drafts import load_draft
+from specft.quant.fake_quant import TensorQuantSpec, fake_quant
+from specft.quant.spec import QuantConfig, load_quant_config
+from specft.train.checkpoint import write_draft_files
+
+from conftest import run_cli
+
+H, V, VD, LAYERS = 64, 96, 48, 6
+AUX = [1, 2, 3]
+
+
+def _checkpoint(tmp_path, arch="eagle3", draft_quant=None, full_vocab=False):
+    torch.manual_seed(0)
+    vd = V if full_vocab else VD
+    c = Eagle3Config(hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                     target_vocab_size=V, draft_vocab_size=vd, num_layers=2 if arch == "eagle3" else 1,
+                     target_hidden_size=H)
+    d2t = torch.arange(V) if full_vocab else torch.sort(torch.randperm(V)[:VD]).values
+    emb, head = torch.randn(V, H), torch.randn(V, H)
+    draft = Eagle3Draft(c, emb, d2t) if arch == "eagle3" else MtpDraft(c, emb, d2t, head)
+    for p in draft.parameters():
+        p.data.normal_(0, 0.2)
+    if draft_quant:
+        apply_draft_qat(draft, load_quant_config(draft_quant))
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    extra = {"architecture": arch, "target_model": "tiny", "quant": "mxfp4", "draft_quant": draft_quant,
+             "aux_layer_ids": AUX, "target_hidden_size": H}
+    write_draft_files(folder, draft, extra, f"model:\n  num_layers: {LAYERS}\n")
+    return folder, head
+
+
+# -- the independent reader --------------------------------------------------------------
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def read_export(folder):
+    """(config dict, {name: float tensor}) with quantized weights dequantized by hand."""
+    config = json.loads((folder / "config.json").read_text())
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        raw = {k: f.get_tensor(k) for k in f.keys()}
+    out = {}
+    for name, t in raw.items():
+        if name.endswith(".weight_packed"):
+            codes = torch.stack([t & 0xF, t >> 4], -1).reshape(t.shape[0], -1).long()
+            values = E2M1[codes & 7] * torch.where(codes & 8 > 0, -1.0, 1.0)
+            scale = torch.exp2(raw[name.replace("weight_packed", "weight_scale")].float() - 127)
+            out[name.replace("weight_packed", "weight")] = (values.view(t.shape[0], -1, 32) * scale[..., None]).reshape(t.shape[0], -1)
+        elif name.endswith(".weight_scale"):
+            continue
+        elif t.dtype == torch.float8_e4m3fn:
+            out[name] = t.float() * raw[name + "_scale"].float()
+        else:
+            out[name] = t
+    return config, out
+
+
+def rebuild_eagle3(config, tensors):
+    c = Eagle3Config(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
+                     num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
+                     intermediate_size=config["intermediate_size"], target_vocab_size=config["vocab_size"],
+                     draft_vocab_size=config["draft_vocab_size"], rms_norm_eps=config["rms_norm_eps"],
+                     rope_theta=config["rope_theta"], num_layers=config["num_hidden_layers"],
+                     target_hidden_size=config["target_hidden_size"])
+    d2t = tensors["d2t"] + torch.arange(c.draft_vocab_size)
+    draft = Eagle3Draft(c, torch.zeros(c.target_vocab_size, c.hidden_size), d2t)
+    state = {}
+    for name, t in tensors.items():
+        if name.startswith("layers."):
+            index, rest = name[len("layers."):].split(".", 1)
+            name = f"extra_layers.{int(index) - 1}.{rest}"
+        state[name] = t.float() if t.is_floating_point() else t
+    return draft, state
+
+
+def rebuild_mtp(config, tensors, layers):
+    prefix = f"model.layers.{layers}."
+    c = Eagle3Config(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
+                     num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
+                     intermediate_size=config["intermediate_size"], target_vocab_size=config["vocab_size"],
+                     draft_vocab_size=config["vocab_size"], rms_norm_eps=config["rms_norm_eps"])
+    head = tensors[prefix + "shared_head.head.weight"].float()
+    draft = MtpDraft(c, torch.zeros(c.target_vocab_size, c.hidden_size), torch.arange(c.target_vocab_size), head)
+    own = ("enorm.", "hnorm.", "eh_proj.", "embed_tokens.", "shared_head.")
+    state = {}
+    for name, t in tensors.items():
+        name = name[len(prefix):]
+        if name == "shared_head.head.weight":
+            continue
+        state[name if name.startswith(own) else "block." + name] = t.float()
+    return draft, state
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(3)
+    return (torch.randint(0, V, (2, 10), generator=g), torch.randn(2, 10, 3 * H, generator=g),
+            torch.randn(2, 10, H, generator=g))
+
+
+def _activation_only(qcfg_name):
+    q = load_quant_config(qcfg_name)
+    return QuantConfig(name=q.name, weight=None, activation=q.activation, exclude=q.exclude)
+
+
+@pytest.mark.parametrize("draft_quant", [None, "fp8", "mxfp4"])
+def test_eagle3_round_trip_gives_identical_logits(tmp_path, draft_quant):
+    folder, _ = _checkpoint(tmp_path, draft_quant=draft_quant)
+    out = tmp_path / "export"
+    run_cli(["export", str(folder), str(out), "--dtype", "float32"], cwd=tmp_path)
+    config, tensors = read_export(out)
+    draft, state = rebuild_eagle3(config, tensors)
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    assert set(missing) == {"embed_tokens.weight", "draft_to_target"} and not unexpected
+    ref, _ = load_draft(folder)
+    draft.embed_tokens.weight.data.copy_(ref.embed_tokens.weight)  # shared with the target at serving time
+    if draft_quant:
+        apply_draft_qat(draft, _activation_only(draft_quant))  # weights are already the dequantized ones
+    with torch.no_grad():
+        a, b = ref(*_inputs(), steps=3), draft(*_inputs(), steps=3)
+    for x, y in zip(a.logits, b.logits):
+        assert torch.equal(x, y)
+
+
+def test_bf16_export_is_the_checkpoint_rounded_once(tmp_path):
+    folder, _ = _checkpoint(tmp_path)
+    out = tmp_path / "export"
+    run_cli(["export", str(folder), str(out)], cwd=tmp_path)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        fc = f.get_tensor("fc.weight")
+    ref, _ = load_draft(folder)
+    assert fc.dtype == torch.bfloat16 and torch.equal(fc, ref.fc.weight.to(torch.bfloat16))
+
+
+def test_eagle3_layout_names_shapes_and_dtypes(tmp_path):
+    folder, _ = _checkpoint(tmp_path, draft_quant="mxfp4")
+    out = tmp_path / "export"
+    run_cli(["export", str(folder), str(out)], cwd=tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == VD and config["vocab_size"] == V and config["target_hidden_size"] == H
+    assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in AUX]  # vLLM counts layer inputs
+    q = config["quantization_config"]
+    assert q["quant_method"] == "compressed-tensors" and q["format"] == "mxfp4-pack-quantized"
+    assert q["config_groups"]["group_0"]["weights"]["group_size"] == 32
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        shapes = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    expected = {
+        "fc.weight_packed": ((H, 3 * H // 2), "U8"), "fc.weight_scale": ((H, 3 * H // 32), "U8"),
+        "midlayer.self_attn.q_proj.weight_packed": ((64, 2 * H // 2), "U8"),
+        "midlayer.self_attn.k_proj.weight_scale": ((32, 2 * H // 32), "U8"),
+        "midlayer.mlp.down_proj.weight_packed": ((H, 128 // 2), "U8"),
+        "midlayer.input_layernorm.weight": ((H,), "BF16"), "midlayer.hidden_norm.weight": ((H,), "BF16"),
+        "layers.1.mlp.up_proj.weight_packed": ((128, H // 2), "U8"),
+        "norm.weight": ((H,), "BF16"), "lm_head.weight": ((VD, H), "BF16"),
+        "d2t": ((VD,), "I64"), "t2d": ((V,), "BOOL"),
+    }
+    for name, want in expected.items():
+        assert shapes[name] == want, name
+    assert not any(k.startswith(("embed_tokens", "extra_layers", "draft_to_target")) for k in shapes)
+    assert "lm_head" in q["ignore"]
+
+
+def test_fp8_layout_and_speculators_config(tmp_path):
+    folder, _ = _checkpoint(tmp_path, draft_quant="fp8")
+    out = tmp_path / "export"
+    run_cli(["export", str(folder), str(out), "--layout", "speculators"], cwd=tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Eagle3Speculator"]
+    assert config["speculators_config"]["algorithm"] == "eagle3"
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 2
+    assert config["quantization_config"]["format"] == "float-quantized"
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_slice("fc.weight").get_dtype() == "F8_E4M3"
+        assert tuple(f.get_slice("fc.weight_scale").get_shape()) == (H, 1)
+        assert f.get_slice("fc.weight_scale").get_dtype() == "F32"
+
+
+def test_mtp_round_trip_and_deepseek_names(tmp_path):
+    folder, _ = _checkpoint(tmp_path, arch="mtp", full_vocab=True)
+    out = tmp_path / "export"
+    run_cli(["export", str(folder), str(out), "--layout", "mtp", "--dtype", "float32"], cwd=tmp_path)
+    config, tensors = read_export(out)
+    assert config["num_nextn_predict_layers"] == 1
+    p = f"model.layers.{LAYERS}."
+    for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "embed_tokens.weight",
+                 "shared_head.norm.weight", "shared_head.head.weight", "input_layernorm.weight",
+                 "self_attn.q_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight"):
+        assert p + name in tensors, name
+    draft, state = rebuild_mtp(config, tensors, LAYERS)
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    assert set(missing) <= {"draft_to_target", "d2t", "t2d", "head_weight"} and not unexpected
+    ref, _ = load_draft(folder)
+    with torch.no_grad():
+        a, b = ref(*_inputs(), steps=2), draft(*_inputs(), steps=2)
+    for x, y in zip(a.logits, b.logits):
+        assert torch.equal(x, y)
+
+
+
+def test_mtp_with_a_reduced_vocab_takes_the_targets_full_head(tmp_path):
+    from safetensors.torch import save_file
+
+    folder, head = _checkpoint(tmp_path, arch="mtp")
+    bad = run_cli(["export", str(folder), str(tmp_path / "x"), "--layout", "mtp"], cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and "--target-head" in bad.stderr  # one clear line, nothing written
+    save_file({"lm_head": head}, str(tmp_path / "target_head.safetensors"))
+    run_cli(["export", str(folder), str(tmp_path / "x"), "--layout", "mtp", "--dtype", "float32",
+             "--target-head", str(tmp_path / "target_head.safetensors")], cwd=tmp_path)
+    _, tensors = read_export(tmp_path / "x")
+    assert torch.equal(tensors[f"model.layers.{LAYERS}.shared_head.head.weight"], head)
+
+
+def test_layout_must_fit_the_architecture(tmp_path):
+    folder, _ = _checkpoint(tmp_path)
+    bad = run_cli(["export", str(folder), str(tmp_path / "x"), "--layout", "mtp"], cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --layout mtp")
+
+
+def test_dequantized_export_equals_fake_quant():
+    from specft.export.packing import pack_mxfp4
+
+    w = torch.randn(8, 64) * torch.logspace(-3, 2, 64)
+    spec = TensorQuantSpec(format="e2m1", scheme="mx", block_size=32, scale_rule="floor")
+    packed = pack_mxfp4(w, spec)
+    t = packed["weight_packed"]
+    codes = torch.stack([t & 0xF, t >> 4], -1).reshape(8, -1).long()
+    values = E2M1[codes & 7] * torch.where(codes & 8 > 0, -1.0, 1.0)
+    deq = (values.view(8, 2, 32) * torch.exp2(packed["weight_scale"].float() - 127)[..., None]).reshape(8, 64)
+    assert torch.equal(deq, fake_quant(w, spec))
