@@ -96,6 +96,18 @@ def test_mismatched_cache_is_refused_naming_the_field(tmp_path):
         ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "quant=fp8"))
     with pytest.raises(SpecftError, match=r"aux_layer_ids"):
         ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "model.aux_layer_ids=[0,2,5]"))
+    with pytest.raises(SpecftError, match=r"data\.num_samples: cache has 10, this run has 8"):
+        ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "data.num_samples=8"))
+    with pytest.raises(SpecftError, match=r"data\.split"):
+        ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "data.split=train"))
+    with pytest.raises(SpecftError, match=r"checkpoint|model\."):
+        ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}", "model=tiny_qwen3_moe"))
+    # A tokenizer that changed under the same model name (e.g. an updated hub revision).
+    manifest = json.loads((shared_dir / "manifest.json").read_text())
+    manifest["provenance"]["tokenizer"] = "0" * 16
+    (shared_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SpecftError, match=r"tokenizer"):
+        ensure_cache(_cfg(tmp_path, f"cache.dir={shared_dir}"))
 
 
 def test_fp8_storage_is_e4m3_with_per_token_group_scales(tmp_path):

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from specft.config import DataConfig, RegenerateConfig
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
+from specft.target.loader import stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,6 @@ def _append(path: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def _stop_ids(tokenizer, model) -> set[int]:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    return {i for i in ids if i is not None}
-
-
 @torch.no_grad()
 def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateConfig,
                    seed: int) -> tuple[list[list[int]], list[bool]]:
@@ -72,7 +66,7 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateCon
         attn[row, width - len(p):] = 1
     sample = rc.temperature > 0
     torch.manual_seed(seed)
-    stops = _stop_ids(tokenizer, model)
+    stops = stop_token_ids(tokenizer, model)
     out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=rc.max_new_tokens,
                          do_sample=sample, temperature=rc.temperature if sample else None,
                          top_p=rc.top_p if sample else None, top_k=rc.top_k if sample else None,

@@ -52,13 +52,6 @@ def _bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
-def _eos_ids(tokenizer, model) -> set[int]:
-    ids = {tokenizer.eos_token_id}
-    gen = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(gen if isinstance(gen, list) else [gen])
-    return {i for i in ids if i is not None}
-
-
 def _load_drafts(cfg: RootConfig, dtype) -> list[tuple[str, object, dict]]:
     from specft.eval.drafts import load_draft, resolve_checkpoint
 
@@ -129,6 +122,7 @@ def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, promp
 def run_eval(cfg: RootConfig) -> Path:
     from specft.eval.report import write_reports
     from specft.target import load_tokenizer
+    from specft.target.loader import stop_token_ids
 
     e = cfg.eval
     out_dir = Path(e.out_dir or Path(cfg.run_dir) / "eval").expanduser().resolve()
@@ -137,7 +131,7 @@ def run_eval(cfg: RootConfig) -> Path:
     prompts = load_prompts(cfg, tokenizer)
     drafts = _load_drafts(cfg, dtype)
     target = load_quantized_target(cfg, prompts, dtype)
-    eos = _eos_ids(tokenizer, target)
+    eos = stop_token_ids(tokenizer, target)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     target_bytes = _bytes(target)
     runs = [(None, None, 0)] if e.target_alone else []

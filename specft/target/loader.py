@@ -149,3 +149,11 @@ def checkpoint_fingerprint(cfg: ModelConfig) -> str:
         if p.name == "config.json":
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
+
+
+def stop_token_ids(tokenizer, model) -> set[int]:
+    """Token ids that end an answer: the tokenizer's EOS and the model's generation EOS ids."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen if isinstance(gen, list) else [gen])
+    return {i for i in ids if i is not None}
