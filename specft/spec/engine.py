@@ -41,6 +41,16 @@ class DecodeResult:
     stats: DecodeStats
 
 
+@dataclass
+class _State:
+    """The live rows of a batch between rounds."""
+
+    rows: torch.Tensor  # live row -> prompt index
+    last: torch.Tensor  # [B] the next token, not yet in any cache
+    d_hidden: torch.Tensor | None = None  # the draft's state at each row's last position
+    d_logits: torch.Tensor | None = None
+
+
 def _left_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long, device=device)
@@ -73,59 +83,72 @@ class SpecDecoder:
         device = next(self.target.model.parameters()).device
         gen = torch.Generator(device=device).manual_seed(seed)
         stats = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k)
-        b = len(prompts)
-        out: list[list[int]] = [[] for _ in range(b)]
-        rows = torch.arange(b)  # live row -> prompt index
+        out: list[list[int]] = [[] for _ in prompts]
         t0 = time.perf_counter()
+        state = self._prefill(prompts, s, gen, device)
+        stats.prefill_s = time.perf_counter() - t0
+        live = self._emit(out, state.rows, state.last[:, None], torch.ones_like(state.last), max_new_tokens)
+        t0 = time.perf_counter()
+        while live.any():
+            if not live.all():
+                self._drop_finished(state, live.nonzero().squeeze(1))
+            emitted, count = self._round(state, k, s, min_confidence, gen, stats)
+            live = self._emit(out, state.rows, emitted, count, max_new_tokens)
+            stats.peak_kv_bytes = max(stats.peak_kv_bytes, self._kv_bytes())
+        stats.decode_s = time.perf_counter() - t0
+        stats.generated = sum(len(o) for o in out)
+        return DecodeResult(out, stats)
+
+    def _prefill(self, prompts, s: SamplingConfig, gen, device) -> _State:
+        b = len(prompts)
         self.target.reset(b, device)
         ids, valid = _left_pad(prompts, self.pad_id, device)
         step = self.target.forward(ids, valid)
         self.target.commit(valid.sum(-1))
         last = self._choose(step.logits[:, -1], s, gen)  # x[T]: the next token, not yet in any cache
+        state = _State(rows=torch.arange(b), last=last)
         if self.draft is not None:
             self.draft.reset(b, device)
             nxt = torch.cat([ids[:, 1:], last[:, None]], 1)  # position p pairs with x[p+1]
-            d_hidden, d_logits = self.draft.extend(step.aux, step.final, ids, nxt, valid)
-        stats.prefill_s = time.perf_counter() - t0
-        live = self._emit(out, rows, last[:, None], torch.ones_like(last), max_new_tokens)
-        t0 = time.perf_counter()
-        while live.any():
-            if not live.all():
-                keep = live.nonzero().squeeze(1)
-                rows, last = rows[keep], last[keep]
-                self.target.select_rows(keep)
-                if self.draft is not None:
-                    self.draft.select_rows(keep)
-                    d_logits = d_logits[keep]
-                    d_hidden = d_hidden[keep] if d_hidden is not None else None
-            n = len(rows)
-            if k:
-                prop = self.draft.propose(d_hidden, d_logits, k, s, min_confidence, gen)
-                drafts, proposed = prop.tokens, prop.proposed
-            else:
-                drafts = torch.zeros(n, 0, dtype=torch.long, device=device)
-                proposed = torch.zeros(n, dtype=torch.long, device=device)
-            width = drafts.shape[1]
-            fed = torch.cat([last[:, None], drafts], 1)
-            step = self.target.forward(fed)
-            if s.greedy:
-                accepted, bonus = verify_greedy(drafts, step.logits, proposed)
-            else:
-                accepted, bonus = verify_sampling(drafts, prop.probs, step.logits, proposed, s, gen)
-            self.target.commit(accepted + 1)
-            self._count(stats, proposed, accepted, n)
-            emitted = torch.cat([drafts, bonus[:, None]], 1)
-            emitted[torch.arange(n), accepted] = bonus
-            live = self._emit(out, rows, emitted, accepted + 1, max_new_tokens)
-            if self.draft is not None:
-                # The kept positions: last, then the accepted drafts; each pairs with the token after it.
-                keep_cols = torch.arange(width + 1, device=device)[None] <= accepted[:, None]
-                d_hidden, d_logits = self.draft.extend(step.aux, step.final, fed, emitted, keep_cols)
-            stats.peak_kv_bytes = max(stats.peak_kv_bytes, self._kv_bytes())
-            last = bonus
-        stats.decode_s = time.perf_counter() - t0
-        stats.generated = sum(len(o) for o in out)
-        return DecodeResult(out, stats)
+            state.d_hidden, state.d_logits = self.draft.extend(step.aux, step.final, ids, nxt, valid)
+        return state
+
+    def _drop_finished(self, state: _State, keep: torch.Tensor) -> None:
+        state.rows, state.last = state.rows[keep], state.last[keep]
+        self.target.select_rows(keep)
+        if self.draft is not None:
+            self.draft.select_rows(keep)
+            state.d_logits = state.d_logits[keep]
+            state.d_hidden = state.d_hidden[keep] if state.d_hidden is not None else None
+
+    def _round(self, state: _State, k: int, s: SamplingConfig, min_confidence: float, gen,
+               stats: DecodeStats) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft k, verify k+1 in one target forward; returns each row's emitted tokens
+        and how many of them count."""
+        n, device = len(state.rows), state.last.device
+        probs = None
+        if k:
+            prop = self.draft.propose(state.d_hidden, state.d_logits, k, s, min_confidence, gen)
+            drafts, proposed, probs = prop.tokens, prop.proposed, prop.probs
+        else:
+            drafts = torch.zeros(n, 0, dtype=torch.long, device=device)
+            proposed = torch.zeros(n, dtype=torch.long, device=device)
+        fed = torch.cat([state.last[:, None], drafts], 1)
+        step = self.target.forward(fed)
+        if s.greedy:
+            accepted, bonus = verify_greedy(drafts, step.logits, proposed)
+        else:
+            accepted, bonus = verify_sampling(drafts, probs, step.logits, proposed, s, gen)
+        self.target.commit(accepted + 1)
+        self._count(stats, proposed, accepted, n)
+        emitted = torch.cat([drafts, bonus[:, None]], 1)
+        emitted[torch.arange(n), accepted] = bonus
+        if self.draft is not None:
+            # Kept positions: last, then the accepted drafts; each pairs with the token after it.
+            keep_cols = torch.arange(fed.shape[1], device=device)[None] <= accepted[:, None]
+            state.d_hidden, state.d_logits = self.draft.extend(step.aux, step.final, fed, emitted, keep_cols)
+        state.last = bonus
+        return emitted, accepted + 1
 
     def _kv_bytes(self) -> int:
         return self.target.kv_bytes() + (self.draft.kv_bytes() if self.draft is not None else 0)
