@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from specft.errors import ConfigError, SpecftError
 from specft.paths import conf_dir
 
-COMMANDS = ("cache", "train", "eval", "export", "info")
+COMMANDS = ("cache", "train", "eval", "export", "plan", "info")
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR           # what a cache holds
        specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp] [--quant auto|none|fp8|mxfp4]
@@ -26,6 +26,7 @@ USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b .
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8
   specft train -m quant=bf16,mxfp4        # Hydra multirun: one job per value
+  specft plan model=qwen3_235b_a22b quant=mxfp4 'plan.devices=[8,16,32]'   # memory per rank
   specft eval quant=mxfp4 'eval.drafts=[runs/a,runs/b]' 'eval.k=[3,4,5]'
 
 Config groups: model, quant, draft, loss, data, cache, trainer, logger, eval (see conf/)."""
@@ -203,6 +204,21 @@ def _export(args: list[str]) -> int:
     return 0
 
 
+def _plan(overrides: list[str]) -> int:
+    """Arithmetic only: composed without a Hydra job (nothing is written)."""
+    from specft.config import to_schema
+    from specft.plan import run_plan
+
+    cfg = compose(overrides)
+    OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
+    try:
+        run_plan(to_schema(cfg))
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import hydra
 
@@ -227,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if command == "plan":
+        return _plan(plain)
     from specft.config import register_schema
 
     register_schema()

@@ -178,6 +178,18 @@ class EvalConfig:
 
 
 @dataclass
+class PlanConfig:
+    """`specft plan`: memory per rank and cache write rate for stage 1, from the config."""
+    devices: list[int] = field(default_factory=lambda: [8, 16, 32])
+    strategy: str = "zero3"  # zero3 | tp
+    device_memory_gb: float = 64.0  # Ascend 910B: 64; H100: 80; H200: 141
+    headroom: float = 0.9  # share of device memory a plan may use
+    device_tflops: float = 300.0  # dense bf16 FLOP/s the forward reaches before MFU
+    mfu: float = 0.4
+    with_kv: bool = False  # count a KV cache (regeneration); capture runs without one
+
+
+@dataclass
 class RootConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -188,6 +200,7 @@ class RootConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     run_dir: str = MISSING
     seed: int = 0
     meta: dict[str, Any] = field(default_factory=dict)  # git SHA, command: written at launch
@@ -339,6 +352,9 @@ def validate(cfg: RootConfig) -> None:
         load_quant_config(t.mix_quant, "trainer.mix_quant")
     _validate_data(cfg.data)
     _validate_eval(cfg.eval)
+    _choice(cfg.plan.strategy, ("zero3", "tp"), "plan.strategy")
+    for n in cfg.plan.devices:
+        _positive(n, "plan.devices")
 
 
 def _validate_eval(e: EvalConfig) -> None:

@@ -4,7 +4,6 @@ running `python -m specft.worker --config RUN/config.yaml --command CMD`."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -48,10 +47,9 @@ def run_subprocess_rank(config_path: Path, command: str) -> None:
 
 
 def launch_ranks(config_path: Path, command: str, nproc: int, hostfile: str | None = None) -> None:
-    launcher = shutil.which("deepspeed")
-    if launcher is None:
-        raise SpecftError("trainer.nproc > 1 needs the `deepspeed` launcher on PATH")
-    cmd = [launcher, "--no_local_rank", "--num_gpus", str(nproc), "--master_port", str(free_port())]
+    # The launcher module of this interpreter's DeepSpeed, not whatever `deepspeed` is on
+    # PATH: ranks then run in the same environment (a venv needs no activation).
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--no_local_rank", "--num_gpus", str(nproc), "--master_port", str(free_port())]
     if hostfile:
         cmd += ["--hostfile", hostfile]
     cmd += ["--module", "specft.worker", "--config", str(config_path), "--command", command]

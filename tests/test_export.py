@@ -185,6 +185,9 @@ def test_fp8_layout_and_speculators_config(tmp_path):
         assert f.get_slice("fc.weight").get_dtype() == "F8_E4M3"
         assert tuple(f.get_slice("fc.weight_scale").get_shape()) == (H, 1)
         assert f.get_slice("fc.weight_scale").get_dtype() == "F32"
+        names = set(f.keys())
+    assert "layers.0.self_attn.q_proj.weight" in names and "layers.1.mlp.up_proj.weight" in names
+    assert not any(n.startswith("midlayer.") for n in names)
 
 
 def test_mtp_round_trip_and_deepseek_names(tmp_path):

@@ -6,8 +6,9 @@ each engine. Checked against the public sources listed in docs/export.md.
   t2d (bool); embed_tokens only when the draft learned its own. Aux layer ids are
   written in vLLM's convention (id j = the input of decoder layer j, i.e. the output of
   layer j-1), so specft's output-of-layer ids are shifted by one.
-- ``speculators``: vllm-project/speculators' Eagle3Speculator: the same tensors, config
-  split into transformer_layer_config and speculators_config.
+- ``speculators``: vllm-project/speculators' Eagle3Speculator: the same tensors with all
+  decoder layers under ``layers.{i}`` (``midlayer`` is ``layers.0``), config split into
+  transformer_layer_config and speculators_config.
 - ``mtp``: DeepSeek-V3's MTP layer, stored as the layer after the target's last:
   model.layers.{N}.{enorm, hnorm, eh_proj, embed_tokens, shared_head.norm,
   shared_head.head, input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}.

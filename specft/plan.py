@@ -1,0 +1,120 @@
+"""`specft plan`: per-rank memory and cache write rate for stage 1 from the model config
+alone, for each device count, and a refusal when a plan does not fit.
+
+Formulas (all bytes; B*T = cache.batch_size x data.max_seq_len tokens per forward):
+- weights: Linear weights of the quantized layers at the format's bits (element bits plus
+  the scale's bits per block: MXFP4 4 + 8/32, NVFP4 4 + 8/16, FP8 per channel 8 + 32/in),
+  everything the quant config excludes (embeddings, lm_head, MoE router) and the norms in
+  16 bit. ZeRO-3 partitions all of it evenly over the ranks and gathers one layer at a
+  time (two in flight with prefetch); TP splits the Linear layers and replicates the rest.
+- activations: B*T * (2H + (heads + 2 kv_heads) * head_dim + 2 * I_active) * 2 (bf16, one
+  layer in flight) + the captured features B*T * 4H * 4 (fp32, 3 aux + final).
+- KV (regeneration only; stage 1 capture runs without a cache): B*T * layers * 2 *
+  kv_heads * head_dim * 2, split over TP ranks.
+- write rate: forward tokens/s per rank = device FLOP/s * MFU / (2 * active params per
+  token, lm_head excluded), times the cache's bytes per token (4H values + 9 bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specft.config import ModelConfig, PlanConfig
+from specft.errors import SpecftError
+from specft.quant.spec import QuantConfig
+
+GB = 1e9
+SCALE_BITS = {"mx": 8, "nvfp4": 8, "group": 16, "block": 32, "channel": 32, "tensor": 0, "token": 0}
+ELEMENT_BITS = {"e2m1": 4, "int4": 4, "e4m3": 8, "e5m2": 8, "hif8": 8, "int8": 8}
+
+
+@dataclass
+class ParamCounts:
+    linear: int  # quantizable Linear weights (attention, MLP / experts)
+    linear_in_features: float  # mean reduction size (per-channel scale overhead)
+    other: int  # 16-bit: embeddings, lm_head, router, norms
+    active: int  # per token in stage 1 (no lm_head)
+    layer_bytes_16bit: float  # one decoder layer in bf16 (ZeRO-3 gather buffer)
+
+
+def param_counts(m: ModelConfig) -> ParamCounts:
+    h, hd = m.hidden_size, m.head_dim or m.hidden_size // m.num_heads
+    attn = h * m.num_heads * hd * 2 + h * m.num_kv_heads * hd * 2
+    mlp_one = 3 * h * m.intermediate_size
+    experts = m.num_experts or 1
+    router = h * m.num_experts if m.num_experts else 0
+    norms = 2 * h + (2 * hd if m.family in ("qwen3", "qwen3_moe") else 0)
+    embed = m.vocab_size * h
+    head = 0 if m.tie_word_embeddings else m.vocab_size * h
+    linear = m.num_layers * (attn + experts * mlp_one)
+    active_mlp = (m.experts_top_k or 1) * mlp_one
+    return ParamCounts(
+        linear=linear,
+        linear_in_features=(h * 5 + m.intermediate_size) / 6,
+        other=embed + head + m.num_layers * (router + norms) + h,
+        active=m.num_layers * (attn + active_mlp + router),
+        layer_bytes_16bit=2.0 * (attn + experts * mlp_one + router + norms),
+    )
+
+
+def weight_bits(q: QuantConfig, in_features: float) -> float:
+    if q.weight is None:
+        return 16.0
+    bits = ELEMENT_BITS[q.weight.format]
+    scale = SCALE_BITS.get(q.weight.scheme, 0)
+    per = {"mx": q.weight.block_size, "nvfp4": q.weight.block_size, "group": q.weight.block_size,
+           "block": q.weight.block_size ** 2, "channel": in_features}.get(q.weight.scheme, 1e12)
+    return bits + scale / per
+
+
+def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward: int,
+              cache_bytes_per_token: float) -> list[dict]:
+    c = param_counts(m)
+    hd = m.head_dim or m.hidden_size // m.num_heads
+    linear_bytes = c.linear * weight_bits(q, c.linear_in_features) / 8
+    other_bytes = 2.0 * c.other
+    i_active = (m.experts_top_k or 1) * m.intermediate_size
+    act = tokens_per_forward * (2 * m.hidden_size + (m.num_heads + 2 * m.num_kv_heads) * hd + 2 * i_active) * 2 \
+        + tokens_per_forward * 4 * m.hidden_size * 4
+    kv = tokens_per_forward * m.num_layers * 2 * m.num_kv_heads * hd * 2
+    tok_s = p.device_tflops * 1e12 * p.mfu / (2 * c.active)
+    rows = []
+    for n in p.devices:
+        if p.strategy == "zero3":
+            weights = (linear_bytes + other_bytes) / n + 2 * c.layer_bytes_16bit * (linear_bytes / (2.0 * c.linear))
+            kv_rank = kv
+        else:  # tp: Linear layers split, the rest replicated
+            weights = linear_bytes / n + other_bytes
+            kv_rank = kv / min(n, m.num_kv_heads)
+        total = weights + act + (kv_rank if p.with_kv else 0)
+        rows.append({"devices": n, "weights_gb": weights / GB, "activations_gb": act / GB,
+                     "kv_gb": kv_rank / GB if p.with_kv else 0.0, "total_gb": total / GB,
+                     "fits": total <= p.device_memory_gb * GB * p.headroom,
+                     "tokens_per_s_per_rank": tok_s, "write_mb_per_s_per_rank": tok_s * cache_bytes_per_token / 1e6})
+    return rows
+
+
+def format_plan(m: ModelConfig, q: QuantConfig, p: PlanConfig, rows: list[dict]) -> str:
+    c = param_counts(m)
+    lines = [f"plan: {m.name} / {q.name}, {p.strategy}, {p.device_memory_gb:g} GB per device "
+             f"({(c.linear + c.other) / 1e9:.1f}B params, {c.active / 1e9:.1f}B active per token)",
+             f"{'devices':>8} {'weights':>9} {'activ.':>8} {'KV':>8} {'total':>9} {'fits':>5} {'tok/s':>8} {'write MB/s':>11}"]
+    for r in rows:
+        lines.append(f"{r['devices']:>8} {r['weights_gb']:8.1f}G {r['activations_gb']:7.2f}G {r['kv_gb']:7.2f}G "
+                     f"{r['total_gb']:8.1f}G {'yes' if r['fits'] else 'NO':>5} {r['tokens_per_s_per_rank']:8.0f} "
+                     f"{r['write_mb_per_s_per_rank']:11.1f}")
+    return "\n".join(lines)
+
+
+def run_plan(cfg) -> list[dict]:
+    from specft.cache.storage import bytes_per_value
+
+    tokens = cfg.cache.batch_size * cfg.data.max_seq_len
+    per_token = 4 * cfg.model.hidden_size * bytes_per_value(cfg.cache.dtype) + 9
+    rows = plan_rows(cfg.model, cfg.quant, cfg.plan, tokens, per_token)
+    print(format_plan(cfg.model, cfg.quant, cfg.plan, rows))
+    if not any(r["fits"] for r in rows):
+        raise SpecftError(f"plan: {cfg.model.name} / {cfg.quant.name} does not fit {cfg.plan.device_memory_gb:g} GB "
+                          f"devices at {', '.join(map(str, cfg.plan.devices))} ranks; add devices or lower "
+                          f"cache.batch_size / data.max_seq_len")
+    return rows

@@ -1,0 +1,59 @@
+"""`specft plan`: per-rank memory against arithmetic done by hand in the test."""
+
+import pytest
+
+from specft.plan import plan_rows
+
+from conftest import run_cli
+from helpers import root_cfg
+
+GB = 1e9
+
+
+def _rows(model, quant, *extra):
+    cfg = root_cfg(f"model={model}", f"quant={quant}", *extra)
+    tokens = cfg.cache.batch_size * cfg.data.max_seq_len
+    return cfg, plan_rows(cfg.model, cfg.quant, cfg.plan, tokens, 4 * cfg.model.hidden_size * 2 + 9)
+
+
+def test_qwen3_235b_mxfp4_weights_by_hand():
+    cfg, rows = _rows("qwen3_235b_a22b", "mxfp4")
+    h, layers, e, i, v = 4096, 94, 128, 1536, 151936
+    attn = h * 64 * 128 * 2 + h * 4 * 128 * 2  # q, o; k, v
+    linear = layers * (attn + e * 3 * h * i)
+    other = 2 * v * h + layers * (h * e + 2 * h + 2 * 128) + h  # embed, head, router, norms
+    assert linear + other == pytest.approx(235.1e9, rel=1e-3)  # the model's name, checked
+    quantized = linear * (4 + 8 / 32) / 8  # E2M1 + one E8M0 byte per 32
+    shard = (quantized + 2 * other) / 8
+    gather = 2 * 2 * (attn + e * 3 * h * i + h * e + 2 * h + 2 * 128) * (4.25 / 16)
+    assert rows[0]["devices"] == 8
+    assert rows[0]["weights_gb"] == pytest.approx((shard + gather) / GB, rel=1e-9)
+    assert (quantized + 2 * other) / GB == pytest.approx(126.8, abs=0.1)  # "about 120 GB in MXFP4"
+    assert [r["weights_gb"] for r in rows] == sorted((r["weights_gb"] for r in rows), reverse=True)
+    # Stage 1 runs without logits: active params are attention, 8 of 128 experts, router.
+    active = layers * (attn + 8 * 3 * h * i + h * e)
+    assert rows[0]["tokens_per_s_per_rank"] == pytest.approx(300e12 * 0.4 / (2 * active))
+
+
+def test_qwen2_5_72b_fp8_tensor_parallel_by_hand():
+    cfg, rows = _rows("qwen2_5_72b", "fp8", "plan.strategy=tp", "plan.devices=[8,16,32]")
+    h, layers, i, v = 8192, 80, 29568, 152064
+    attn = h * 64 * 128 * 2 + h * 8 * 128 * 2
+    linear = layers * (attn + 3 * h * i)
+    in_mean = (5 * h + i) / 6
+    quantized = linear * (8 + 32 / in_mean) / 8  # E4M3 + an fp32 scale per output channel
+    other = 2 * v * h + layers * 2 * h + h
+    for r in rows:
+        assert r["weights_gb"] == pytest.approx((quantized / r["devices"] + 2 * other) / GB, rel=1e-9)
+    kv = cfg.cache.batch_size * cfg.data.max_seq_len * layers * 2 * 8 * 128 * 2
+    assert rows[0]["kv_gb"] == 0.0  # capture runs without a KV cache unless asked
+    _, with_kv = _rows("qwen2_5_72b", "fp8", "plan.strategy=tp", "plan.with_kv=true", "plan.devices=[8]")
+    assert with_kv[0]["kv_gb"] == pytest.approx(kv / 8 / GB)
+
+
+def test_plan_refuses_what_does_not_fit(tmp_path):
+    ok = run_cli(["plan", "model=qwen3_235b_a22b", "quant=mxfp4", "plan.devices=[8,16,32]"], cwd=tmp_path)
+    assert "qwen3_235b_a22b / mxfp4" in ok.stdout and ok.stdout.count(" yes ") == 3
+    bad = run_cli(["plan", "model=qwen2_5_72b", "quant=bf16", "plan.devices=[1]"], cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: plan: qwen2_5_72b / bf16 does not fit")
+    assert not (tmp_path / "runs").exists()  # arithmetic only: nothing written
