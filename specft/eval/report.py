@@ -47,8 +47,9 @@ def plots(out_dir: Path, records: list[dict]) -> None:
         best = max(mine, key=lambda r: (r["k"], -r["batch_size"]))
         ax.plot(range(1, best["k"] + 1), best["acceptance_at"], marker="o",
                 label=f"{label} (k={best['k']}, batch {best['batch_size']})")
-    ax.set(xlabel="draft position", ylabel="acceptance (given proposed)", ylim=(0, 1.02),
+    ax.set(xlabel="draft position", ylabel="share of proposals accepted", ylim=(0, 1.02),
            title="Acceptance by position")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_dir / "acceptance_by_position.png", dpi=120)
@@ -63,6 +64,7 @@ def plots(out_dir: Path, records: list[dict]) -> None:
             ax.plot([r["k"] for r in mine], [r["latency_ms_per_token"] for r in mine], marker="o",
                     label=f"{label} (batch {batch})")
     ax.set(xlabel="draft length k", ylabel="ms per output token", title="Decode latency by k")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out_dir / "latency_by_k.png", dpi=120)
