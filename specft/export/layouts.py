@@ -81,7 +81,9 @@ class SpeculatorsLayout:
                     "verifier": {"name_or_path": meta.get("target_model"), "architectures": []}}}
 
     def tensors(self, state: dict, meta: dict, target_head) -> dict[str, torch.Tensor]:
-        return _eagle3_tensors(state, meta)
+        # speculators' Eagle3DraftModel holds all decoder layers in one `layers` list.
+        return {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+                for k, v in _eagle3_tensors(state, meta).items()}
 
 
 @LAYOUTS.register("mtp")
