@@ -40,6 +40,11 @@ def setup_logging(rank: int = 0) -> None:
                         stream=sys.stderr, force=True)
     for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Hydra's job logging config disables loggers that exist before it runs (modules
+    # imported while validating): turn ours back on.
+    for name, logger in logging.root.manager.loggerDict.items():
+        if name.startswith("specft") and isinstance(logger, logging.Logger):
+            logger.disabled = False
 
 
 def _groups() -> dict[str, list[str]]:
