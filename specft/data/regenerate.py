@@ -22,7 +22,7 @@ from tqdm import tqdm
 from specft.config import DataConfig, RegenerateConfig
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
-from specft.target.loader import stop_token_ids
+from specft.target.loader import left_pad, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,8 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateCon
     """Left-padded batched generation; returns each row's new tokens up to (not
     including) its first stop token, and whether the row hit max_new_tokens."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p)
-        attn[row, width - len(p):] = 1
+    ids, attn = left_pad(prompts, pad)
+    width = ids.shape[1]
     sample = rc.temperature > 0
     torch.manual_seed(seed)
     stops = stop_token_ids(tokenizer, model)

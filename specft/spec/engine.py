@@ -11,6 +11,7 @@ import torch
 from specft.spec.draft import ChainRunner
 from specft.spec.sampling import SamplingConfig, sample, verify_greedy, verify_sampling, warp
 from specft.spec.target import TargetRunner
+from specft.target.loader import left_pad
 
 
 @dataclass
@@ -49,16 +50,6 @@ class _State:
     last: torch.Tensor  # [B] the next token, not yet in any cache
     d_hidden: torch.Tensor | None = None  # the draft's state at each row's last position
     d_logits: torch.Tensor | None = None
-
-
-def _left_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long, device=device)
-    valid = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p, device=device)
-        valid[row, width - len(p):] = 1
-    return ids, valid
 
 
 class SpecDecoder:
@@ -102,7 +93,7 @@ class SpecDecoder:
     def _prefill(self, prompts, s: SamplingConfig, gen, device) -> _State:
         b = len(prompts)
         self.target.reset(b, device)
-        ids, valid = _left_pad(prompts, self.pad_id, device)
+        ids, valid = left_pad(prompts, self.pad_id, device)
         step = self.target.forward(ids, valid)
         self.target.commit(valid.sum(-1))
         last = self._choose(step.logits[:, -1], s, gen)  # x[T]: the next token, not yet in any cache

@@ -157,3 +157,17 @@ def stop_token_ids(tokenizer, model) -> set[int]:
     gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update(gen if isinstance(gen, list) else [gen])
     return {i for i in ids if i is not None}
+
+
+def left_pad(prompts: list[list[int]], pad: int, device=None):
+    """(ids [B, W], valid [B, W]): prompts right-aligned so every row's next token lands in
+    the same column, as batched generation needs."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long, device=device)
+    valid = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p, device=device)
+        valid[row, width - len(p):] = 1
+    return ids, valid
