@@ -81,6 +81,9 @@ class DataConfig:
     max_turns: int | None = None
     min_response_chars: int = 1
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
+    # name=mix: several sources in one run, each a dict of the fields above that differ
+    # (name, path, num_samples, max_turns, ...); each is selected on its own, then joined.
+    mix: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -379,8 +382,13 @@ SPLITS = ("all", "train", "validation")
 
 
 def _validate_data(d: DataConfig) -> None:
+    from specft.data import mix_members
     from specft.data.sources import DATA_SOURCES
 
+    if d.name == "mix":
+        for member in mix_members(d):
+            _validate_data(member)
+        return
     DATA_SOURCES.get(d.name, "data.name")
     if d.name != "synthetic" and not d.path:
         raise ConfigError(f"data.path: required for data.name={d.name}")

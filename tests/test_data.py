@@ -206,3 +206,34 @@ def test_tokenize_all_keeps_positions(tok):
     s = DataSummary()
     out = tokenize_all(convs, tok, DataConfig(), s)
     assert out[0] is not None and out[1] is None and s["samples"] == 1
+
+
+def test_mix_selects_each_source_on_its_own(tok, tmp_path):
+    from specft.errors import ConfigError
+
+    from helpers import root_cfg
+
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"q{i}?", "answer": f"a{i}."}) + "\n" for i in range(40)))
+    share = [{"conversations": [{"from": "human", "value": f"hi {i}"}, {"from": "gpt", "value": "hello"}]}
+             for i in range(30)]
+    (tmp_path / "sg.json").write_text(json.dumps(share))
+    mix = (f"data.mix=[{{name: gsm8k, path: '{gsm}', num_samples: 12}},"
+           f"{{name: sharegpt, path: '{tmp_path / 'sg.json'}', num_samples: 5}}]")
+    cfg = root_cfg("data=mix", mix, "data.split=train", "data.val_fraction=0.2")
+    s = DataSummary()
+    convs = load_conversations(cfg.data, s)
+    firsts = [c[0]["content"] for c in convs]
+    assert sum(f.startswith("q") for f in firsts) == 12 and sum(f.startswith("hi") for f in firsts) == 5
+    assert s["from_gsm8k"] == 12 and s["from_sharegpt"] == 5 and "12 from_gsm8k" in s.line()
+    # Each member keeps its side of the split: the validation mix shares no prompt with it.
+    val = load_conversations(root_cfg("data=mix", mix, "data.split=validation", "data.val_fraction=0.2").data)
+    assert val and not {c[0]["content"] for c in val} & set(firsts)
+    assert firsts != [c[0]["content"] for c in load_conversations(
+        root_cfg("data=mix", mix, "data.split=train", "data.val_fraction=0.2", "data.seed=1").data)]
+    with pytest.raises(ConfigError, match=r"data.mix\[0\]: unknown or run-wide field 'max_seq_len'"):
+        root_cfg("data=mix", f"data.mix=[{{name: gsm8k, path: '{gsm}', max_seq_len: 9}}]")
+    with pytest.raises(ConfigError, match=r"data.path: no such file|data.path: required"):
+        root_cfg("data=mix", "data.mix=[{name: gsm8k}]")
+    with pytest.raises(ConfigError, match="needs data.mix"):
+        root_cfg("data=mix")

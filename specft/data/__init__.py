@@ -3,14 +3,16 @@ target) -> token ids + assistant loss mask."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 
 from specft.config import DataConfig
 from specft.data.records import Conversation, DataSummary
 from specft.data.select import select_conversations, with_system_prompt
 from specft.data.sources import DATA_SOURCES
 from specft.data.template import Sample, tokenize_conversation
-from specft.errors import SpecftError
+from specft.errors import ConfigError, SpecftError
 
 log = logging.getLogger(__name__)
 
@@ -18,12 +20,50 @@ log = logging.getLogger(__name__)
 def load_conversations(cfg: DataConfig, summary: DataSummary | None = None) -> list[Conversation]:
     """The run's conversations in their fixed order (see select.py)."""
     summary = summary if summary is not None else DataSummary()
-    source = DATA_SOURCES.get(cfg.name, "data.name")
-    convs = select_conversations(source(cfg, summary), cfg, summary)
+    if cfg.name == "mix":
+        convs = _load_mix(cfg, summary)
+    else:
+        source = DATA_SOURCES.get(cfg.name, "data.name")
+        convs = select_conversations(source(cfg, summary), cfg, summary)
     if not convs:
         raise SpecftError(f"data: no usable conversations from data.name={cfg.name} path={cfg.path} "
                           f"split={cfg.split}; {summary.line()}")
     return [with_system_prompt(c, cfg.system_prompt) for c in convs]
+
+
+# Fields a mix member may not set: they belong to the whole run.
+_MIX_RUN_FIELDS = {"mix", "regenerate", "max_seq_len", "overlength", "thinking", "system_prompt"}
+
+
+def mix_members(cfg: DataConfig) -> list[DataConfig]:
+    """data.mix as full data configs: each member inherits the run's fields and overrides
+    its own (name, path, num_samples, ...)."""
+    if not cfg.mix:
+        raise ConfigError("data.name=mix needs data.mix: a list of sources, e.g. "
+                          "[{name: gsm8k, path: train.jsonl, num_samples: 200}, {name: sharegpt, ...}]")
+    known = {f.name for f in dataclasses.fields(DataConfig)} - _MIX_RUN_FIELDS
+    members = []
+    for i, member in enumerate(cfg.mix):
+        member = dict(member)
+        bad = sorted(set(member) - known)
+        if bad or member.get("name", "mix") == "mix":
+            why = f"unknown or run-wide field {bad[0]!r}" if bad else "needs a source name (not mix)"
+            raise ConfigError(f"data.mix[{i}]: {why}; a member sets: {', '.join(sorted(known))}")
+        members.append(dataclasses.replace(cfg, mix=[], **member))
+    return members
+
+
+def _load_mix(cfg: DataConfig, summary: DataSummary) -> list[Conversation]:
+    """Each member selected on its own (its split, dedup and cap), then joined and
+    shuffled by the run's seed so batches hold every source."""
+    convs: list[Conversation] = []
+    for member in mix_members(cfg):
+        source = DATA_SOURCES.get(member.name, "data.mix.name")
+        part = select_conversations(source(member, summary), member, summary)
+        summary[f"from_{member.name}"] += len(part)
+        convs += part
+    random.Random(cfg.seed).shuffle(convs)
+    return convs
 
 
 def tokenize_all(convs: list[Conversation | None], tokenizer, cfg: DataConfig,
@@ -63,5 +103,5 @@ def report(summary: DataSummary) -> None:
     (log.warning if summary.skipped else log.info)(summary.line())
 
 
-__all__ = ["DATA_SOURCES", "DataSummary", "Sample", "load_conversations", "load_samples",
+__all__ = ["DATA_SOURCES", "DataSummary", "Sample", "load_conversations", "load_samples", "mix_members",
            "report", "tokenize_all", "tokenize_conversation"]

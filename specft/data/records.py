@@ -37,7 +37,8 @@ class DataSummary(Counter):
 
     def line(self) -> str:
         skipped = ", ".join(f"{v} {k}" for k, v in self.skipped.items()) or "none"
-        kept = ", ".join(f"{self[k]} {k}" for k in ("truncated", "regenerated") if self[k])
+        sources = [f"{v} {k}" for k, v in sorted(self.items()) if k.startswith("from_")]
+        kept = ", ".join([*sources, *(f"{self[k]} {k}" for k in ("truncated", "regenerated") if self[k])])
         return (f"data: {self['records']} records read, {self['samples']} samples kept"
                 + (f" ({kept})" if kept else "") + f"; skipped: {skipped}")
 
