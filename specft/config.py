@@ -93,6 +93,9 @@ class CacheConfig:
     dtype: str = "bf16"
     samples_per_shard: int = 64
     batch_size: int = 8
+    # How the target is laid out across ranks (target/sharding.py): none | zero3 | tp | device_map.
+    sharding: str = "none"
+    tp_size: int | None = None  # sharding=tp: ranks per model group (null: all ranks)
 
 
 @dataclass
@@ -310,6 +313,11 @@ def validate(cfg: RootConfig) -> None:
     _choice(cfg.cache.dtype, CACHE_DTYPES, "cache.dtype")
     _positive(cfg.cache.samples_per_shard, "cache.samples_per_shard")
     _positive(cfg.cache.batch_size, "cache.batch_size")
+    from specft.target.sharding import SHARDINGS
+
+    SHARDINGS.get(cfg.cache.sharding, "cache.sharding")
+    if cfg.cache.tp_size is not None:
+        _positive(cfg.cache.tp_size, "cache.tp_size")
     _positive(cfg.data.num_samples, "data.num_samples")
     _positive(cfg.data.max_seq_len, "data.max_seq_len")
     _positive(cfg.draft.vocab_size, "draft.vocab_size")

@@ -51,7 +51,8 @@ def run(cfg: RootConfig, command: str) -> Path | None:
 
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-    needs_dist = world > 1 or command == "train"
+    # train always runs DeepSpeed; a sharded target needs a process group even on one rank
+    needs_dist = world > 1 or command == "train" or cfg.cache.sharding in ("zero3", "tp")
     rank, world = _init_distributed() if needs_dist else (0, 1)
     try:
         cache_dir = ensure_cache(cfg, rank, world)

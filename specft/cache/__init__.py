@@ -14,6 +14,7 @@ from specft.cache.writer import (
     merge_manifest,
     resolve_cache_dir,
     save_side_files,
+    target_head_tensors,
 )
 from specft.config import RootConfig, aux_layer_ids
 from specft.errors import SpecftError
@@ -44,8 +45,9 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
     from specft.data import report as data_report
     from specft.data.regenerate import regenerate
     from specft.quant import apply_quant, calibrate
-    from specft.target import FeatureCapture, load_target
+    from specft.target import FeatureCapture
     from specft.target.loader import target_facts
+    from specft.target.sharding import editing, place_target
 
     cache_dir, provenance, tokenizer = locate_cache(cfg)
     if cache_is_complete(cache_dir, provenance):
@@ -54,23 +56,27 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
     barrier(world_size)  # every rank has checked before rank 0 may write a manifest
     summary = DataSummary()
     convs = load_conversations(cfg.data, summary)
-    model, _ = load_target(cfg.model)
-    report = apply_quant(model, cfg.quant)
+    placed = place_target(cfg, rank, world_size)
+    model = placed.model
+    report = apply_quant(model, cfg.quant, editing(placed))
     if cfg.quant.needs_calibration:
         calib = tokenize_all(convs, tokenizer, cfg.data, DataSummary())
         calibrate(model, report, _calibration_batches(calib, cfg.quant.calibration_samples))
     log.info("quant %s: %s", cfg.quant.name, report.summary())
     if cfg.data.regenerate.enabled:
-        convs = regenerate(model, tokenizer, convs, cfg.data, cache_dir, rank, world_size, summary)
+        convs = regenerate(model, tokenizer, convs, cfg.data, cache_dir, placed.data_rank, placed.data_world,
+                           summary, placed.writer, placed.lockstep)
     samples = tokenize_all(convs, tokenizer, cfg.data, summary)
     data_report(summary)
     capture = FeatureCapture(model, aux_layer_ids(cfg.model))
-    CacheWriter(cfg, cache_dir, provenance, rank, world_size).write(capture, samples, tokenizer.pad_token_id)
+    CacheWriter(cfg, cache_dir, provenance, placed.data_rank, placed.data_world, placed.writer,
+                placed.lockstep).write(capture, samples, tokenizer.pad_token_id)
+    head = target_head_tensors(model, editing(placed))  # a collective when sharded
     barrier(world_size)
     if rank == 0:
-        save_side_files(cache_dir, model, world_size)
+        save_side_files(cache_dir, head, placed.data_world)
         atomic_write_json(cache_dir / "quant_report.json", report.to_dict())
-        manifest = merge_manifest(cfg, cache_dir, provenance, world_size,
+        manifest = merge_manifest(cfg, cache_dir, provenance, placed.data_world,
                                   target_facts(cfg.model, model.config), dict(summary))
         if not manifest["num_samples"]:
             raise SpecftError(f"cache: no usable samples; {summary.line()}")

@@ -96,10 +96,18 @@ def _pad_batch(samples: list[Sample], pad_id: int):
 
 
 class CacheWriter:
+    """Writes one data slice's shards. ``rank``/``world_size`` name the slice (the data
+    parallel rank: under tensor parallelism a group of ranks shares one); ``writes`` is
+    false on the group's other ranks, which compute the same batches but save nothing;
+    ``lockstep`` pads this rank's forwards to the busiest rank's count (ZeRO-3)."""
+
     def __init__(self, cfg: RootConfig, cache_dir: Path, provenance: dict,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, writes: bool = True, lockstep=None):
+        from specft.target.sharding import Lockstep
+
         self.cfg, self.cache_dir, self.provenance = cfg, cache_dir, provenance
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.writes = rank, world_size, writes
+        self.lockstep = lockstep or Lockstep(False)
 
     def _my_shards(self, samples: list[Sample | None]) -> list[list[int]]:
         mine = [i for i in range(self.rank, len(samples), self.world_size) if samples[i] is not None]
@@ -142,6 +150,7 @@ class CacheWriter:
         for start in range(0, len(indices), bs):
             batch = [samples[i] for i in indices[start: start + bs]]
             ids, attn = _pad_batch(batch, pad_id)
+            self.lockstep.step(True)
             aux, final = capture(ids, attn)
             for row, s in enumerate(batch):
                 n = len(s.input_ids)
@@ -177,18 +186,25 @@ class CacheWriter:
             tmp.unlink(missing_ok=True)
 
     def write(self, capture, samples: list[Sample | None], pad_id: int) -> None:
-        if self.cache_dir.exists():
+        try:
+            self._write(capture, samples, pad_id)
+        finally:  # a rank out of work keeps joining the others' gathers until all are done
+            one = torch.full((1, 1), pad_id, dtype=torch.long)
+            self.lockstep.drain(lambda: capture(one, torch.ones_like(one)))
+
+    def _write(self, capture, samples: list[Sample | None], pad_id: int) -> None:
+        if self.cache_dir.exists() and self.writes:
             self._remove_stale_temporaries()
         progress = self._load_progress()
         done = {s["file"] for s in progress["shards"]}
         shards = self._my_shards(samples)
         pending = [(j, idx) for j, idx in enumerate(shards) if shard_name(self.rank, j) not in done]
         if not pending:
-            if not progress_path(self.cache_dir, self.rank).exists():  # a rank with no samples
+            if self.writes and not progress_path(self.cache_dir, self.rank).exists():  # no samples
                 self.cache_dir.mkdir(parents=True, exist_ok=True)
                 atomic_write_json(progress_path(self.cache_dir, self.rank), progress)
             return
-        if self.rank == 0:
+        if self.rank == 0 and self.writes:
             self._check_disk(samples)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         total = sum(len(samples[i].input_ids) for _, idx in pending for i in idx)
@@ -202,23 +218,33 @@ class CacheWriter:
                 tensors = self._compute_shard(capture, samples, idx, pad_id, bar)
                 if saving is not None:
                     saving.result()
-                saving = pool.submit(self._save_shard, tensors, shard_name(self.rank, j), progress)
-            saving.result()
+                if self.writes:
+                    saving = pool.submit(self._save_shard, tensors, shard_name(self.rank, j), progress)
+            if saving is not None:
+                saving.result()
         log.info("cache r%d: %d tokens in %.1fs", self.rank, total, time.perf_counter() - t0)
 
 
-def save_side_files(cache_dir: Path, model, world_size: int) -> None:
-    """The target's (quantized, as deployed) lm_head and embedding, which stage 2 needs to
-    recompute target logits and to embed tokens, and the counts of loss-masked tokens over
-    every shard (what was cached, regenerated answers included), from which stage 2
-    builds the draft vocabulary."""
-    head = model.get_output_embeddings().weight.detach()
-    emb = model.get_input_embeddings().weight.detach()
-    tensors = {"lm_head": head.contiguous()}
-    if emb.data_ptr() != head.data_ptr():
-        tensors["embed_tokens"] = emb.contiguous()
-    save_file(tensors, str(cache_dir / TARGET_HEAD))
-    vocab = head.shape[0]
+def target_head_tensors(model, edit) -> dict[str, torch.Tensor]:
+    """The target's (quantized, as deployed) lm_head and embedding, whole. Every rank
+    calls this: gathering a sharded weight is a collective."""
+    head_param = model.get_output_embeddings().weight
+    emb_param = model.get_input_embeddings().weight
+    tensors = {}
+    for name, param in (("lm_head", head_param), ("embed_tokens", emb_param)):
+        if name == "embed_tokens" and param is head_param:
+            break  # tied: stage 2 reads the head
+        with torch.no_grad(), edit(param) as full:
+            tensors[name] = full.detach().clone().contiguous()
+    return tensors
+
+
+def save_side_files(cache_dir: Path, head: dict[str, torch.Tensor], world_size: int) -> None:
+    """The target head tensors, which stage 2 needs to recompute target logits and to
+    embed tokens, and the counts of loss-masked tokens over every shard (what was cached,
+    regenerated answers included), from which stage 2 builds the draft vocabulary."""
+    save_file(head, str(cache_dir / TARGET_HEAD))
+    vocab = head["lm_head"].shape[0]
     counts = torch.zeros(vocab, dtype=torch.long)
     for rank in range(world_size):
         for shard in read_json(progress_path(cache_dir, rank))["shards"]:

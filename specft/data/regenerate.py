@@ -54,9 +54,10 @@ def _append(path: Path, records: list[dict]) -> None:
 
 @torch.no_grad()
 def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateConfig,
-                   seed: int) -> tuple[list[list[int]], list[bool]]:
+                   seed: int, synced: bool = False) -> tuple[list[list[int]], list[bool]]:
     """Left-padded batched generation; returns each row's new tokens up to (not
-    including) its first stop token, and whether the row hit max_new_tokens."""
+    including) its first stop token, and whether the row hit max_new_tokens. ``synced``:
+    keep stepping until every rank's batch is done (ZeRO-3 forwards are collectives)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids, attn = left_pad(prompts, pad)
     width = ids.shape[1]
@@ -66,7 +67,7 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateCon
     out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=rc.max_new_tokens,
                          do_sample=sample, temperature=rc.temperature if sample else None,
                          top_p=rc.top_p if sample else None, top_k=rc.top_k if sample else None,
-                         eos_token_id=sorted(stops), pad_token_id=pad)
+                         eos_token_id=sorted(stops), pad_token_id=pad, synced_gpus=synced)
     answers, capped = [], []
     for row in out[:, width:].tolist():
         cut = next((j for j, t in enumerate(row) if t in stops), None)
@@ -76,7 +77,7 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateCon
 
 
 def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: DataConfig,
-                          seed: int, summary: DataSummary) -> tuple[list[Conversation], int]:
+                          seed: int, summary: DataSummary, lockstep) -> tuple[list[Conversation], int]:
     """Answer every assistant turn of ``convs`` in order, turn by turn across the batch."""
     convs = [[dict(m) for m in c] for c in convs]
     new_tokens = 0
@@ -90,7 +91,9 @@ def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: Data
         if not rows:
             return convs, new_tokens
         prompts = [prompt_ids(tokenizer, c[:j], cfg.thinking) for c, j in rows]
-        answers, capped = generate_batch(model, tokenizer, prompts, cfg.regenerate, seed + slot)
+        lockstep.step(True)
+        answers, capped = generate_batch(model, tokenizer, prompts, cfg.regenerate, seed + slot,
+                                         synced=lockstep.enabled)
         for (c, j), ans, cap in zip(rows, answers, capped):
             c[j]["content"] = tokenizer.decode(ans, skip_special_tokens=False).strip()
             new_tokens += len(ans)
@@ -99,9 +102,26 @@ def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: Data
 
 
 def regenerate(model, tokenizer, convs: list[Conversation], cfg: DataConfig, cache_dir: Path,
-               rank: int = 0, world_size: int = 1,
-               summary: DataSummary | None = None) -> list[Conversation | None]:
-    summary = summary if summary is not None else DataSummary()
+               rank: int = 0, world_size: int = 1, summary: DataSummary | None = None,
+               writes: bool = True, lockstep=None) -> list[Conversation | None]:
+    """Answer this data slice's conversations (``rank`` of ``world_size`` slices); see
+    CacheWriter for ``writes`` and ``lockstep``."""
+    from specft.target.sharding import Lockstep
+
+    lockstep = lockstep or Lockstep(False)
+    try:
+        return _regenerate(model, tokenizer, convs, cfg, cache_dir, rank, world_size,
+                           summary if summary is not None else DataSummary(), writes, lockstep)
+    finally:  # out of work: keep joining the other ranks' generation until all are done
+        eos = tokenizer.eos_token_id or 0
+        lockstep.drain(lambda: generate_batch(model, tokenizer, [[eos]], _ONE_TOKEN, 0, synced=True))
+
+
+_ONE_TOKEN = RegenerateConfig(max_new_tokens=1)
+
+
+def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank: int, world_size: int,
+                summary: DataSummary, writes: bool, lockstep) -> list[Conversation | None]:
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = store_path(cache_dir, rank)
     done = _load_store(path)
@@ -114,8 +134,9 @@ def regenerate(model, tokenizer, convs: list[Conversation], cfg: DataConfig, cac
         for start in range(0, len(pending), rc.batch_size):
             batch = pending[start: start + rc.batch_size]
             answered, n = _answer_conversations(model, tokenizer, [convs[i] for i in batch], cfg,
-                                                rc.seed + batch[0], summary)
-            _append(path, [{"index": i, "messages": c} for i, c in zip(batch, answered)])
+                                                rc.seed + batch[0], summary, lockstep)
+            if writes:
+                _append(path, [{"index": i, "messages": c} for i, c in zip(batch, answered)])
             done.update(zip(batch, answered))
             tokens += n
             bar.update(len(batch))

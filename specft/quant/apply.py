@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from specft.errors import ConfigError
 from specft.quant.fake_quant import TensorQuantSpec, fake_quant, static_scale
 from specft.quant.spec import QuantConfig
 
@@ -31,12 +32,27 @@ class ActivationQuantizer:
         self.calibrating = not spec.dynamic
         self.amax = torch.zeros(())
         self.scale: torch.Tensor | None = None
+        # Tensor parallel: the group over which this input's last dim is split; amax-based
+        # scales are then reduced over it so each token gets its full row's scale.
+        self.shard_group = None
+
+    def _reduced_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        if self.shard_group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.shard_group)
+        return amax
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.spec.dynamic and self.shard_group is not None and self.spec.scheme in ("token", "tensor"):
+            dims = (-1,) if self.spec.scheme == "token" else tuple(range(x.dim()))
+            amax = self._reduced_amax(x.detach().abs().amax(dim=dims, keepdim=True).float())
+            return fake_quant(x, self.spec, static_scale(amax, self.spec).to(x.dtype))
         if self.spec.dynamic:
             return fake_quant(x, self.spec)
         if self.calibrating:
-            self.amax = torch.maximum(self.amax, x.detach().abs().amax().float().cpu())
+            amax = self._reduced_amax(x.detach().abs().amax().float())
+            self.amax = torch.maximum(self.amax, amax.cpu())
             return x
         if self.scale is None:
             raise RuntimeError("static activation scale used before calibration")
@@ -87,38 +103,59 @@ def _rel_mse(ref: torch.Tensor, q: torch.Tensor) -> float:
     return (q.double() - ref).pow(2).mean().item() / denom if denom > 0 else 0.0
 
 
-def _quantize_param_(param: nn.Parameter, spec: TensorQuantSpec) -> float:
-    with torch.no_grad():
-        q = fake_quant(param.data, spec)
-        err = _rel_mse(param.data, q)
-        param.data.copy_(q)
+@contextmanager
+def plain_weights(param: nn.Parameter):
+    """The default weight editor: the parameter's own tensor. Sharded targets pass one
+    that gathers the full tensor and scatters the edit back (target/sharding.py)."""
+    yield param.data
+
+
+def _quantize_param_(param: nn.Parameter, spec: TensorQuantSpec, edit=plain_weights) -> float:
+    with torch.no_grad(), edit(param) as full:
+        q = fake_quant(full, spec)
+        err = _rel_mse(full, q)
+        full.copy_(q)
     return err
 
 
 def _is_fused_experts(module: nn.Module) -> bool:
     gu = getattr(module, "gate_up_proj", None)
     down = getattr(module, "down_proj", None)
-    return isinstance(gu, nn.Parameter) and gu.dim() == 3 and isinstance(down, nn.Parameter)
+    # ZeRO-3 leaves an empty placeholder in .data; ds_shape is the real shape.
+    return (isinstance(gu, nn.Parameter) and len(getattr(gu, "ds_shape", gu.shape)) == 3
+            and isinstance(down, nn.Parameter))
 
 
 def _quantized_experts_forward(quant_in: ActivationQuantizer, quant_mid: ActivationQuantizer):
     """The Qwen3-MoE experts loop with each expert GEMM's input quantized."""
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        gate_up, down = self.gate_up_proj, self.down_proj
         out = torch.zeros_like(hidden_states)
         for expert in top_k_index.unique().tolist():
             if expert >= self.num_experts:
                 continue
             token_idx, slot = torch.where(top_k_index == expert)
             x = quant_in(hidden_states[token_idx])
-            gate, up = nn.functional.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
+            gate, up = nn.functional.linear(x, gate_up[expert]).chunk(2, dim=-1)
             h = quant_mid(self.act_fn(gate) * up)
-            h = nn.functional.linear(h, self.down_proj[expert])
+            h = nn.functional.linear(h, down[expert])
             h = h * top_k_weights[token_idx, slot, None]
             out.index_add_(0, token_idx, h.to(out.dtype))
         return out
 
     return forward
+
+
+def _input_shard_group(weight: nn.Parameter, dim: int = 1):
+    """The process group a row-parallel Linear splits its input over (weight [out, in]
+    sharded on dim 1 by a tensor-parallel plan), else None."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    data = weight.data
+    if isinstance(data, DTensor) and any(isinstance(p, Shard) and p.dim == dim for p in data.placements):
+        return data.device_mesh.get_group()
+    return None
 
 
 def _untie_lm_head(model: nn.Module) -> None:
@@ -154,10 +191,11 @@ def _install_kv_quant(model: nn.Module, spec: TensorQuantSpec, report: QuantRepo
     report.kv_quantized = True
 
 
-def apply_quant(model: nn.Module, cfg: QuantConfig) -> QuantReport:
+def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> QuantReport:
     """Quantize ``model`` in place; modules whose name matches an ``exclude`` glob stay
     in high precision. Returns what was quantized and the weight error per layer; static
-    activation scales still need ``calibrate``."""
+    activation scales still need ``calibrate``. ``edit`` gives each weight's full tensor
+    (one parameter at a time when the model is sharded)."""
     report = QuantReport()
     if cfg.weight is None and cfg.activation is None and cfg.kv is None:
         return report
@@ -172,18 +210,22 @@ def apply_quant(model: nn.Module, cfg: QuantConfig) -> QuantReport:
             report.layers.append(LayerReport(name, "kept"))
             continue
         if is_linear:
-            err = _quantize_param_(module.weight, cfg.weight) if cfg.weight else None
+            err = _quantize_param_(module.weight, cfg.weight, edit) if cfg.weight else None
             if cfg.activation is not None:
                 quant = ActivationQuantizer(cfg.activation)
+                quant.shard_group = _input_shard_group(module.weight)
                 report.quantizers.append(quant)
                 module.register_forward_pre_hook(lambda m, args, q=quant: (q(args[0]), *args[1:]))
             report.layers.append(LayerReport(name, "linear", err))
         else:
             err = None
             if cfg.weight is not None:
-                err = (_quantize_param_(module.gate_up_proj, cfg.weight)
-                       + _quantize_param_(module.down_proj, cfg.weight)) / 2
+                err = (_quantize_param_(module.gate_up_proj, cfg.weight, edit)
+                       + _quantize_param_(module.down_proj, cfg.weight, edit)) / 2
             if cfg.activation is not None:
+                if _input_shard_group(module.down_proj, dim=2) is not None:
+                    raise ConfigError(f"quant.activation: {name} is split by a tensor-parallel plan; quantized "
+                                      "activations inside fused MoE experts need cache.sharding=zero3")
                 q_in, q_mid = ActivationQuantizer(cfg.activation), ActivationQuantizer(cfg.activation)
                 report.quantizers += [q_in, q_mid]
                 module.forward = types.MethodType(_quantized_experts_forward(q_in, q_mid), module)

@@ -102,12 +102,13 @@ def load_tokenizer(cfg: ModelConfig):
     return _tokenizer_from(where, {"gguf_file": gguf_file} if gguf_file else {})
 
 
-def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None):
-    """(model in eval mode with frozen weights, tokenizer)."""
+def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement):
+    """(model in eval mode with frozen weights, tokenizer). ``placement``: from_pretrained's
+    device_map / tp_plan / device_mesh (see sharding.py)."""
     where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     dtype = dtype or getattr(torch, cfg.dtype)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs, **placement)
     _check_architecture(cfg, model.config)
     model.eval().requires_grad_(False)
     return model, _tokenizer_from(where, kwargs)
