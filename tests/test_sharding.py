@@ -5,13 +5,14 @@ import re
 
 import pytest
 import torch
-from conftest import run_cli
-from helpers import root_cfg
 from safetensors.torch import load_file
 
 from specft.cache import CacheReader
 from specft.errors import ConfigError
 from specft.target.sharding import Lockstep, place_target
+
+from conftest import run_cli
+from helpers import root_cfg
 
 # 13 samples over two ranks: 7 and 6, so the lighter rank must pad its forwards and its
 # generation steps (Lockstep) or ZeRO-3's gathers deadlock. Regenerated answers make the

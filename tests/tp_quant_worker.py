@@ -7,10 +7,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-from helpers import root_cfg
 
 from specft.quant import apply_quant
 from specft.target.sharding import editing, place_target
+
+from helpers import root_cfg
 
 
 def main() -> None:
