@@ -147,6 +147,9 @@ class TrainerConfig:
     val_fraction: float = 0.05  # share of cached samples held out for validation
     val_every: int = 0  # steps between validations; 0: only at the end
     val_batches: int = 8  # micro-batches per validation
+    # Target logits are recomputed a chunk of vocabulary rows at a time (large vocabularies:
+    # Qwen's 152k never materialize [B, T, V]); smaller chunks, less memory.
+    vocab_chunk: int = 65536
     # Robustness studies. feature_noise: Gaussian noise, relative to each token's feature
     # RMS, added to the cached features while training. mix_quant: a second quant config
     # whose target's cache supplies a share mix_fraction of the training samples (e.g.
@@ -322,6 +325,7 @@ def validate(cfg: RootConfig) -> None:
     _positive(cfg.data.max_seq_len, "data.max_seq_len")
     _positive(cfg.draft.vocab_size, "draft.vocab_size")
     _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
+    _positive(cfg.trainer.vocab_chunk, "trainer.vocab_chunk")
     _positive(cfg.draft.num_layers, "draft.num_layers")
     if cfg.draft.name == "mtp" and cfg.draft.hidden_size not in (None, cfg.model.hidden_size):
         raise ConfigError(f"draft.hidden_size: an mtp module shares the target's head, so its width is "

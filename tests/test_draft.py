@@ -142,3 +142,24 @@ def test_extra_eagle3_layers_chain_and_keep_their_own_ttt_keys():
         for layer in [d.midlayer, *d.extra_layers]:
             h = layer(d.embed_tokens(torch.nn.functional.pad(ids[:, 1:], (0, 1))), h, torch.arange(6), [], [])
         torch.testing.assert_close(out.hidden[0], h)
+
+
+def test_target_view_in_vocab_chunks_equals_the_whole_head():
+    """A Qwen-sized vocabulary is scored a chunk of head rows at a time; the view must be
+    the one the whole [B, T, V] logits give (head kept in bf16, chunks computed in fp32)."""
+    from specft.train.objective import target_view
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(1000, 16, generator=g).bfloat16()
+    batch = {"final_hidden": torch.randn(2, 7, 16, generator=g) * 3,
+             "loss_mask": torch.ones(2, 7, dtype=torch.long)}
+    d2t = torch.tensor([5, 17, 400, 999, 3])
+    t2d = torch.zeros(1000, dtype=torch.bool)
+    t2d[d2t] = True
+    logits = batch["final_hidden"] @ head.float().T
+    for chunk in (1000, 128, 333):
+        view = target_view(batch, head, d2t, t2d, vocab_chunk=chunk)
+        assert torch.equal(view.argmax, logits.argmax(-1)), chunk
+        expected = torch.exp(logits[..., d2t] - torch.logsumexp(logits, -1, keepdim=True))
+        torch.testing.assert_close(view.probs_full, expected, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(view.probs, torch.softmax(logits[..., d2t], -1), rtol=1e-5, atol=1e-7)

@@ -53,7 +53,7 @@ def build_draft(cfg: RootConfig, reader: CacheReader):
     if cfg.draft.quant is not None:
         switched = apply_draft_qat(draft, load_quant_config(cfg.draft.quant, "draft.quant"))
         log.info("draft QAT (%s): %d linear layers", cfg.draft.quant, len(switched))
-    return draft, head["lm_head"].float()
+    return draft, head["lm_head"]  # stored dtype: target_view computes chunks in fp32
 
 
 def _ds_config(cfg: RootConfig) -> dict:
@@ -167,7 +167,7 @@ class Trainer:
 
     def _forward_batch(self, batch: dict) -> tuple[StepResult, int]:
         draft = self.engine.module
-        view = target_view(batch, self.lm_head, draft.draft_to_target, draft.t2d)
+        view = target_view(batch, self.lm_head, draft.draft_to_target, draft.t2d, self.cfg.trainer.vocab_chunk)
         # Noise perturbs what the draft reads, never the target it is scored against.
         out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
                           batch.get("final_hidden_input", batch["final_hidden"]), self.cfg.draft.ttt_steps)
