@@ -117,7 +117,7 @@ def _git_sha() -> str | None:
 
 def _absolute_paths(cfg: DictConfig) -> None:
     """Ranks and later commands may run elsewhere: make every path absolute now."""
-    for key in ("run_dir", "cache.root", "cache.dir", "data.path", "eval.out_dir"):
+    for key in ("run_dir", "cache.root", "cache.dir", "data.path", "eval.out_dir", "trainer.hostfile"):
         value = OmegaConf.select(cfg, key)
         if value:
             OmegaConf.update(cfg, key, str(Path(value).expanduser().resolve()))
@@ -162,8 +162,8 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     config_path = run_dir / "config.yaml"
     config_path.write_text(OmegaConf.to_yaml(cfg))
     log.info("%s: run dir %s", command, run_dir)
-    if root.trainer.nproc > 1:
-        launch_ranks(config_path, command, root.trainer.nproc)
+    if root.trainer.nproc > 1 or root.trainer.hostfile:
+        launch_ranks(config_path, command, root.trainer.nproc, root.trainer.hostfile, root.trainer.num_nodes)
     elif HydraConfig.get().mode == RunMode.MULTIRUN:
         run_subprocess_rank(config_path, command)
     else:

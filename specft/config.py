@@ -139,7 +139,11 @@ class TrainerConfig:
     grad_clip: float = 1.0
     zero_stage: int = 0
     precision: str = "fp32"
-    nproc: int = 1
+    nproc: int = 1  # ranks per node
+    # Multi-node: a DeepSpeed hostfile ("host slots=N" per line); nproc ranks on each of
+    # num_nodes hosts (null: every host in the file). See docs/scale.md.
+    hostfile: str | None = None
+    num_nodes: int | None = None
     save_every: int = 100
     keep_last: int = 2
     log_every: int = 1
@@ -326,6 +330,13 @@ def validate(cfg: RootConfig) -> None:
     _positive(cfg.draft.vocab_size, "draft.vocab_size")
     _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
     _positive(cfg.trainer.vocab_chunk, "trainer.vocab_chunk")
+    if cfg.trainer.hostfile is not None:
+        from pathlib import Path
+
+        if not Path(cfg.trainer.hostfile).is_file():
+            raise ConfigError(f"trainer.hostfile: no such file: {cfg.trainer.hostfile}")
+    if cfg.trainer.num_nodes is not None:
+        _positive(cfg.trainer.num_nodes, "trainer.num_nodes")
     _positive(cfg.draft.num_layers, "draft.num_layers")
     if cfg.draft.name == "mtp" and cfg.draft.hidden_size not in (None, cfg.model.hidden_size):
         raise ConfigError(f"draft.hidden_size: an mtp module shares the target's head, so its width is "

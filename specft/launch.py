@@ -46,13 +46,21 @@ def run_subprocess_rank(config_path: Path, command: str) -> None:
         raise SpecftError(f"job exited with code {proc.returncode}: {' '.join(cmd)}")
 
 
-def launch_ranks(config_path: Path, command: str, nproc: int, hostfile: str | None = None) -> None:
+def launcher_command(config_path: Path, command: str, nproc: int, hostfile: str | None = None,
+                     num_nodes: int | None = None) -> list[str]:
     # The launcher module of this interpreter's DeepSpeed, not whatever `deepspeed` is on
     # PATH: ranks then run in the same environment (a venv needs no activation).
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--no_local_rank", "--num_gpus", str(nproc), "--master_port", str(free_port())]
     if hostfile:
         cmd += ["--hostfile", hostfile]
-    cmd += ["--module", "specft.worker", "--config", str(config_path), "--command", command]
+    if num_nodes:
+        cmd += ["--num_nodes", str(num_nodes)]
+    return cmd + ["--module", "specft.worker", "--config", str(config_path), "--command", command]
+
+
+def launch_ranks(config_path: Path, command: str, nproc: int, hostfile: str | None = None,
+                 num_nodes: int | None = None) -> None:
+    cmd = launcher_command(config_path, command, nproc, hostfile, num_nodes)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:

@@ -123,3 +123,19 @@ def test_lockstep_without_ranks_passes_through():
     assert off.step(True) is True and off.step(False) is False
     off.drain(lambda: calls.append(1))
     assert calls == []
+
+
+def test_hostfile_reaches_the_deepspeed_launcher(tmp_path):
+    from specft.launch import launcher_command
+
+    cmd = launcher_command(tmp_path / "config.yaml", "cache", 8, "/shared/hostfile", 2)
+    assert cmd[cmd.index("--num_gpus") + 1] == "8" and cmd[cmd.index("--hostfile") + 1] == "/shared/hostfile"
+    assert cmd[cmd.index("--num_nodes") + 1] == "2" and cmd[-4:] == ["--config", str(tmp_path / "config.yaml"),
+                                                                    "--command", "cache"]
+    with pytest.raises(ConfigError, match="trainer.hostfile: no such file: /job/hostfile"):
+        root_cfg("trainer=multinode")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-0 slots=8\nnode-1 slots=8\n")
+    cfg = root_cfg("trainer=multinode", f"trainer.hostfile={hostfile}")
+    assert (cfg.trainer.nproc, cfg.trainer.hostfile) == (8, str(hostfile))
+
