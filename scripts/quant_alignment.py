@@ -131,7 +131,63 @@ class Experiment:
             walls |= json.loads(path.read_text())
         summary = {"args": {k: str(v) for k, v in vars(self.args).items()}, "rows": rows, "wall_s": walls}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        (self.out / "summary.md").write_text(summary_markdown(rows, walls))
+        (self.out / "summary.md").write_text(pivot_markdown(rows) + "\n" + summary_markdown(rows, walls))
+        plot(rows, self.out / "acceptance.png")
+
+
+def pivot_markdown(rows: list[dict]) -> str:
+    """Acceptance rate (and length) by k, one column per draft, for each target and prompt
+    set at the largest batch; the 16-bit reference (baseline on the bf16 target) alongside."""
+    ref = {(r["data"], r["k"]): r for r in rows if r["quant"] == "bf16"}
+    lines = []
+    for quant in sorted({r["quant"] for r in rows} - {"bf16"}):
+        for data in sorted({r["data"] for r in rows if r["quant"] == quant}):
+            batch = max(r["batch_size"] for r in rows if r["quant"] == quant and r["data"] == data)
+            cells = [r for r in rows if r["quant"] == quant and r["data"] == data and r["batch_size"] == batch and r["k"]]
+            drafts = list(dict.fromkeys(r["draft"] for r in cells))
+            lines += [f"**{quant} target, held-out {data}, batch {batch}**: acceptance rate (acceptance length)", "",
+                      "| k | " + " | ".join(drafts) + " | specft - baseline | baseline on bf16 target (reference) |",
+                      "|" + "---|" * (len(drafts) + 3)]
+            for k in sorted({r["k"] for r in cells}):
+                by = {r["draft"]: r for r in cells if r["k"] == k}
+                gap = (by["specft"]["acceptance_rate"] - by["baseline_16bit"]["acceptance_rate"]) * 100 \
+                    if "specft" in by and "baseline_16bit" in by else None
+                rr = ref.get((data, k))
+                lines.append(f"| {k} | " + " | ".join(f"{by[d]['acceptance_rate']:.3f} ({by[d]['acceptance_length']:.2f})"
+                                                     for d in drafts)
+                             + f" | {'' if gap is None else f'{gap:+.1f} pts'} | "
+                             + (f"{rr['acceptance_rate']:.3f} ({rr['acceptance_length']:.2f})" if rr else "") + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["quant"], r["data"]) for r in rows if r["quant"] != "bf16"})
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (quant, data) in zip(axes[0], panels):
+        batch = max(r["batch_size"] for r in rows if (r["quant"], r["data"]) == (quant, data))
+        cells = [r for r in rows if (r["quant"], r["data"], r["batch_size"]) == (quant, data, batch) and r["k"]]
+        drafts = list(dict.fromkeys(r["draft"] for r in cells))
+        ks = sorted({r["k"] for r in cells})
+        width = 0.8 / len(drafts)
+        for i, d in enumerate(drafts):
+            vals = [next(r["acceptance_rate"] for r in cells if r["draft"] == d and r["k"] == k) for k in ks]
+            ax.bar([k + (i - (len(drafts) - 1) / 2) * width for k in ks], vals, width, label=d)
+        ax.set_title(f"{quant} target, {data}")
+        ax.set_xlabel("draft length k")
+        ax.set_xticks(ks)
+        ax.set_ylabel("token acceptance rate")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def summary_markdown(rows: list[dict], walls: dict) -> str:
