@@ -15,8 +15,8 @@ same with draft QAT in the quant's format; same data size, steps and draft size.
 `<quant>-eval` evaluates the baseline, ours (and the QAT variant for --qat-quants) and the
 target alone against the quantized target. Training data: GSM8K train + the ShareGPT
 sample's train side. Evaluation, greedy: acceptance at every k on held-out GSM8K and the
-ShareGPT sample's held-out side at the largest batch (under greedy decoding acceptance
-does not depend on the batch), latency at the smallest batch on GSM8K at --latency-k.
+ShareGPT sample's held-out side at the largest batch (each row decodes as it would alone,
+up to float32 effects of padding), latency at the smallest batch on GSM8K at --latency-k.
 Everything goes through the CLI; every step resumes (caches, checkpoints, finished evals
 are reused), and <out-dir>/summary.md and summary.json are rewritten after each eval.
 """
@@ -82,8 +82,8 @@ class Experiment:
         return drafts
 
     def evaluate(self, quant: str, drafts: list[tuple[str, Path]], alone: bool) -> None:
-        """Acceptance at every k on both held-out sets (largest batch: under greedy decoding
-        acceptance does not depend on the batch), latency at batch 1 on GSM8K at --latency-k."""
+        """Acceptance at every k on both held-out sets (largest batch: each row decodes as it
+        would alone), latency at batch 1 on GSM8K at --latency-k."""
         a = self.args
         for label, path in drafts:
             while not (path / "checkpoints" / "final").exists():  # trained by another part
