@@ -85,9 +85,9 @@ def test_multi_turn_slots_are_answered_in_order(tmp_path):
     seen = []
     real = generate_batch
 
-    def spy(model_, tok_, prompts, rc, seed):
+    def spy(model_, tok_, prompts, rc, seed, **kwargs):
         seen.append(tok.decode(prompts[0]))
-        return real(model_, tok_, prompts, rc, seed)
+        return real(model_, tok_, prompts, rc, seed, **kwargs)
 
     import specft.data.regenerate as mod
     mod_generate = mod.generate_batch
