@@ -130,16 +130,15 @@ def _quantized_experts_forward(quant_in: ActivationQuantizer, quant_mid: Activat
     """The Qwen3-MoE experts loop with each expert GEMM's input quantized."""
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        gate_up, down = self.gate_up_proj, self.down_proj
         out = torch.zeros_like(hidden_states)
         for expert in top_k_index.unique().tolist():
             if expert >= self.num_experts:
                 continue
             token_idx, slot = torch.where(top_k_index == expert)
             x = quant_in(hidden_states[token_idx])
-            gate, up = nn.functional.linear(x, gate_up[expert]).chunk(2, dim=-1)
+            gate, up = nn.functional.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
             h = quant_mid(self.act_fn(gate) * up)
-            h = nn.functional.linear(h, down[expert])
+            h = nn.functional.linear(h, self.down_proj[expert])
             h = h * top_k_weights[token_idx, slot, None]
             out.index_add_(0, token_idx, h.to(out.dtype))
         return out

@@ -128,9 +128,8 @@ def _zero3(cfg: RootConfig, rank: int, world: int) -> PlacedTarget:
     model, _ = _from_pretrained(cfg)
     engine = deepspeed.initialize(model=model, config=ds_config)[0]
     engine.module.eval()
-    placed = PlacedTarget(engine.module, rank, world, lockstep=Lockstep(world > 1), weight_editor=_zero3_edit,
-                          engine=(engine, marker))
-    return placed
+    return PlacedTarget(engine.module, rank, world, lockstep=Lockstep(world > 1), weight_editor=_zero3_edit,
+                        engine=(engine, marker))
 
 
 @contextmanager
