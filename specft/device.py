@@ -40,3 +40,20 @@ def select_device(prefer: str | None = None, *, npu_ok=npu_available,
         if checks[kind]():
             return DeviceChoice(kind, BACKENDS[kind])
     raise AssertionError("unreachable")
+
+
+def init_distributed(choice: DeviceChoice | None = None) -> None:
+    """Start DeepSpeed's process group on the backend for ``choice`` (selected if None).
+
+    On CPU, DeepSpeed JIT-builds a shared-memory all-reduce op at start. We turn it off:
+    the build waits forever on a lock file that any build killed midway leaves behind in
+    ~/.cache/torch_extensions (one killed launch hangs every later run on the machine),
+    each start leaks two 69 MB buffers per rank in /dev/shm, and gloo is all a CPU run
+    (tests, smoke runs) needs.
+    """
+    import deepspeed
+
+    choice = choice or select_device()
+    if choice.kind == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend=choice.dist_backend, verbose=False)

@@ -20,13 +20,11 @@ log = logging.getLogger(__name__)
 
 
 def _init_distributed() -> tuple[int, int]:
-    import deepspeed
-
-    from specft.device import select_device
-
-    deepspeed.init_distributed(dist_backend=select_device().dist_backend, verbose=False)
     import torch.distributed as dist
 
+    from specft.device import init_distributed
+
+    init_distributed()
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -1,5 +1,7 @@
 """Device selection without torch_npu or CUDA present: the logic, with fakes."""
 
+import os
+
 import pytest
 
 from specft.device import select_device
@@ -25,3 +27,31 @@ def test_this_machine_is_cpu_and_torch_npu_is_not_imported():
 
     assert select_device().kind == "cpu"
     assert "torch_npu" not in sys.modules
+
+
+def test_cpu_process_group_starts_past_a_stale_extension_lock(tmp_path):
+    """A build killed midway leaves DeepSpeed's shm-op lock behind; a CPU start must not
+    wait on it (it would forever) nor leave buffers in /dev/shm."""
+    import subprocess
+    import sys
+
+    lock = tmp_path / "ext" / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    port = 29000 + os.getpid() % 1000
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    script = ("import torch.distributed as dist\n"
+              "from specft.device import init_distributed\n"
+              "init_distributed()\n"
+              "print('world', dist.get_world_size())\n"
+              "dist.destroy_process_group()\n")
+    before = set(os.listdir("/dev/shm"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "world 1" in done.stdout
+    assert lock.exists()  # still there: nobody waited on it, nobody built the op
+    leaked = {n for n in set(os.listdir("/dev/shm")) - before if f"_{port}_" in n}
+    assert not leaked
