@@ -154,6 +154,9 @@ class TrainerConfig:
     # Target logits are recomputed a chunk of vocabulary rows at a time (large vocabularies:
     # Qwen's 152k never materialize [B, T, V]); smaller chunks, less memory.
     vocab_chunk: int = 65536
+    # The frozen target lm_head: whole on every rank ("replicated"), or 1/nranks of its rows
+    # per rank ("sharded"; for large vocabularies, see specft/train/target_head.py).
+    target_head: str = "replicated"
     # Robustness studies. feature_noise: Gaussian noise, relative to each token's feature
     # RMS, added to the cached features while training. mix_quant: a second quant config
     # whose target's cache supplies a share mix_fraction of the training samples (e.g.
@@ -330,6 +333,9 @@ def validate(cfg: RootConfig) -> None:
     _positive(cfg.draft.vocab_size, "draft.vocab_size")
     _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
     _positive(cfg.trainer.vocab_chunk, "trainer.vocab_chunk")
+    from specft.train.target_head import HEAD_PLACEMENTS
+
+    _choice(cfg.trainer.target_head, HEAD_PLACEMENTS, "trainer.target_head")
     if cfg.trainer.hostfile is not None:
         from pathlib import Path
 

@@ -183,16 +183,26 @@ def test_training_variants_run_and_checkpoint(tmp_path, extra):
 def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path):
     """Global batch 8: one rank runs two micro-batches of 4 (gradient accumulation), two
     ranks one micro-batch of 4 each, over the same samples. Gradients are the same mean,
-    so losses agree up to float summation order (stated tolerance: 1e-5 relative)."""
+    so losses agree up to float summation order (stated tolerance: 1e-5 relative). The
+    same holds with the target head's rows split over the two ranks."""
     common = ["model=tiny_qwen3", "quant=mxfp4", "data.num_samples=64", "trainer.max_steps=6",
               "trainer.micro_batch_size=4", f"cache.root={tmp_path / 'cache'}"]
-    (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
+    for name in ("one", "two", "sharded"):
+        (tmp_path / name).mkdir()
     run_cli(["train", *common, "trainer.grad_accum=2"], cwd=tmp_path / "one")
     run_cli(["train", *common, "trainer.nproc=2"], cwd=tmp_path / "two")
-    one, two = _metrics(tmp_path / "one" / RUN), _metrics(tmp_path / "two" / RUN)
-    assert [r["tokens"] for r in one] == [r["tokens"] for r in two]
-    for a, b in zip(one, two):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a["step"], a["loss"], b["loss"])
+    proc = run_cli(["train", *common, "trainer.nproc=2", "trainer.target_head=sharded"],
+                   cwd=tmp_path / "sharded")
+    assert "target head: sharded, 1024 of 2048 rows per rank" in proc.stderr
+    one = _metrics(tmp_path / "one" / RUN)
+    for other in ("two", "sharded"):
+        two = _metrics(tmp_path / other / RUN)
+        assert [r["tokens"] for r in one] == [r["tokens"] for r in two]
+        for a, b in zip(one, two):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (other, a["step"], a["loss"], b["loss"])
+    (val,) = _metrics(tmp_path / "sharded" / RUN, "val")
+    (val_two,) = _metrics(tmp_path / "two" / RUN, "val")
+    assert val["tokens"] == val_two["tokens"] and val["loss"] == pytest.approx(val_two["loss"], rel=1e-5)
 
 
 def test_mismatched_cache_inside_a_job_is_one_line_exit_2(tmp_path):

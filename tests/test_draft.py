@@ -114,7 +114,7 @@ def test_mtp_step_is_a_causal_block_over_the_shifted_sequence_by_hand():
                      target_vocab_size=50, draft_vocab_size=20, qk_norm=True)
     lm_head = torch.randn(50, 16)
     vocab = torch.arange(0, 40, 2)
-    d = MtpDraft(c, torch.randn(50, 16), vocab, lm_head)
+    d = MtpDraft(c, torch.randn(50, 16), vocab, lm_head[vocab])
     ids, final = torch.randint(0, 50, (1, 9)), torch.randn(1, 9, 16)
     with torch.no_grad():
         out = d(ids, None, final, steps=2)
@@ -148,6 +148,7 @@ def test_target_view_in_vocab_chunks_equals_the_whole_head():
     """A Qwen-sized vocabulary is scored a chunk of head rows at a time; the view must be
     the one the whole [B, T, V] logits give (head kept in bf16, chunks computed in fp32)."""
     from specft.train.objective import target_view
+    from specft.train.target_head import TargetHead
 
     g = torch.Generator().manual_seed(0)
     head = torch.randn(1000, 16, generator=g).bfloat16()
@@ -158,7 +159,7 @@ def test_target_view_in_vocab_chunks_equals_the_whole_head():
     t2d[d2t] = True
     logits = batch["final_hidden"] @ head.float().T
     for chunk in (1000, 128, 333):
-        view = target_view(batch, head, d2t, t2d, vocab_chunk=chunk)
+        view = target_view(batch, TargetHead(head, 0, 1000, head[d2t]), t2d, vocab_chunk=chunk)
         assert torch.equal(view.argmax, logits.argmax(-1)), chunk
         expected = torch.exp(logits[..., d2t] - torch.logsumexp(logits, -1, keepdim=True))
         torch.testing.assert_close(view.probs_full, expected, rtol=1e-5, atol=1e-7)

@@ -28,7 +28,7 @@ def _checkpoint(tmp_path, arch="eagle3", draft_quant=None, full_vocab=False):
                      target_hidden_size=H)
     d2t = torch.arange(V) if full_vocab else torch.sort(torch.randperm(V)[:VD]).values
     emb, head = torch.randn(V, H), torch.randn(V, H)
-    draft = Eagle3Draft(c, emb, d2t) if arch == "eagle3" else MtpDraft(c, emb, d2t, head)
+    draft = Eagle3Draft(c, emb, d2t) if arch == "eagle3" else MtpDraft(c, emb, d2t, head[d2t])
     for p in draft.parameters():
         p.data.normal_(0, 0.2)
     if draft_quant:

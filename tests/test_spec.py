@@ -166,7 +166,7 @@ def _small_eagle(mtp=False):
                      target_vocab_size=64, draft_vocab_size=40, num_layers=1 if mtp else 2)
     d2t = torch.sort(torch.randperm(64)[:40]).values
     if mtp:
-        d = MtpDraft(c, torch.randn(64, 32), d2t, torch.randn(64, 32))
+        d = MtpDraft(c, torch.randn(64, 32), d2t, torch.randn(64, 32)[d2t])
     else:
         d = Eagle3Draft(c, torch.randn(64, 32), d2t)
     for p in d.parameters():

@@ -68,5 +68,23 @@ class CacheReader:
         tensors.setdefault("embed_tokens", tensors["lm_head"])  # tied embeddings
         return tensors
 
+    def target_embedding(self) -> torch.Tensor:
+        """The target's input embedding alone (the head's rows when they are tied)."""
+        with safe_open(str(self.cache_dir / TARGET_HEAD), framework="pt") as f:
+            return f.get_tensor("embed_tokens" if "embed_tokens" in f.keys() else "lm_head")
+
+    def target_head_vocab(self) -> int:
+        with safe_open(str(self.cache_dir / TARGET_HEAD), framework="pt") as f:
+            return f.get_slice("lm_head").get_shape()[0]
+
+    def target_head_rows(self, start: int, stop: int, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """lm_head rows [start, stop), or the rows ``ids``, read from disk without loading
+        the rest of the head."""
+        with safe_open(str(self.cache_dir / TARGET_HEAD), framework="pt") as f:
+            rows = f.get_slice("lm_head")
+            if ids is None:
+                return rows[start:stop]
+            return torch.stack([rows[i: i + 1][0] for i in ids.tolist()]) if len(ids) else rows[0:0]
+
     def token_counts(self) -> torch.Tensor:
         return load_file(str(self.cache_dir / TOKEN_COUNTS))["counts"]

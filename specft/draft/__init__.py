@@ -1,7 +1,7 @@
 """Draft heads (registry) and the draft vocabulary.
 
-A head builder takes (architecture config, target head tensors {lm_head, embed_tokens},
-draft vocabulary) and returns a module whose forward(input_ids, aux_hidden, final_hidden,
+A head builder takes (architecture config, target head tensors {embed_tokens: the whole
+embedding, draft_rows: the lm_head rows of the draft vocabulary}, draft vocabulary) and returns a module whose forward(input_ids, aux_hidden, final_hidden,
 steps) returns a DraftOutput (logits and hidden states per TTT step)."""
 
 from specft.draft.eagle3 import DraftOutput, Eagle3Config, Eagle3Draft
@@ -19,7 +19,7 @@ def build_eagle3(c: Eagle3Config, head: dict, vocab: DraftVocab) -> Eagle3Draft:
 
 @DRAFT_HEADS.register("mtp")
 def build_mtp(c: Eagle3Config, head: dict, vocab: DraftVocab) -> MtpDraft:
-    return MtpDraft(c, head["embed_tokens"], vocab.draft_to_target, head["lm_head"])
+    return MtpDraft(c, head["embed_tokens"], vocab.draft_to_target, head["draft_rows"])
 
 
 __all__ = ["DRAFT_HEADS", "DraftOutput", "DraftVocab", "Eagle3Config", "Eagle3Draft", "MtpDraft",

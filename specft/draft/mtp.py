@@ -78,7 +78,7 @@ class MtpBlock(nn.Module):
 
 class MtpDraft(nn.Module):
     def __init__(self, c: Eagle3Config, embed_tokens: torch.Tensor, draft_to_target: torch.Tensor,
-                 lm_head: torch.Tensor):
+                 head_rows: torch.Tensor):
         super().__init__()
         self.config = c
         self.enorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -87,8 +87,9 @@ class MtpDraft(nn.Module):
         self.block = MtpBlock(c)
         self.shared_head = nn.ModuleDict({"norm": RMSNorm(c.hidden_size, c.rms_norm_eps)})
         self.embed_tokens = nn.Embedding.from_pretrained(embed_tokens.float().clone(), freeze=True)
-        # The target's lm_head rows for the draft vocabulary: frozen, shared with the target.
-        self.register_buffer("head_weight", lm_head.float()[draft_to_target].clone())
+        # The target's lm_head rows for the draft vocabulary (row i for draft token i):
+        # frozen, shared with the target.
+        self.register_buffer("head_weight", head_rows.float().clone())
         register_vocab_buffers(self, draft_to_target, c.target_vocab_size)
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, final_hidden: torch.Tensor,

@@ -34,7 +34,7 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32):
     if arch == "eagle3":
         draft = Eagle3Draft(c, torch.zeros(v, c.hidden_size), placeholder_vocab)
     elif arch == "mtp":
-        draft = MtpDraft(c, torch.zeros(v, c.hidden_size), placeholder_vocab, torch.zeros(v, c.hidden_size))
+        draft = MtpDraft(c, torch.zeros(v, c.hidden_size), placeholder_vocab, torch.zeros(vd, c.hidden_size))
     else:
         raise SpecftError(f"eval.drafts: {folder} holds an unknown architecture {arch!r}")
     if meta.get("draft_quant"):

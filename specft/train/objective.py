@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specft.train.losses import LossInputs
+from specft.train.target_head import TargetHead
 
 
 @dataclass
@@ -22,30 +23,12 @@ class TargetView:
     hidden: torch.Tensor | None = None  # [B, T, H] the target's final hidden state
 
 
-def _full_vocab_stats(hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int):
-    """(logsumexp [.., 1], argmax [..]) of hidden @ lm_head.T over the full vocabulary, a
-    chunk of vocabulary rows at a time: a 152k-token head never materializes [B, T, V]
-    logits, and the head can stay in its stored dtype (each chunk is computed in fp32)."""
-    lse = best = where = None
-    for start in range(0, lm_head.shape[0], chunk):
-        logits = hidden @ lm_head[start: start + chunk].to(hidden.dtype).T
-        part_lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        part_best, part_where = logits.max(dim=-1)
-        if lse is None:
-            lse, best, where = part_lse, part_best, part_where
-            continue
-        lse = torch.logaddexp(lse, part_lse)
-        better = part_best > best  # ties keep the earlier index, as argmax does
-        best, where = torch.where(better, part_best, best), torch.where(better, part_where + start, where)
-    return lse, where
-
-
 @torch.no_grad()
-def target_view(batch: dict, lm_head: torch.Tensor, draft_to_target: torch.Tensor,
-                t2d: torch.Tensor, vocab_chunk: int = 65536) -> TargetView:
+def target_view(batch: dict, head: TargetHead, t2d: torch.Tensor, vocab_chunk: int = 65536) -> TargetView:
+    """A collective when the head is sharded (see specft.train.target_head)."""
     hidden = batch["final_hidden"].float()
-    on_draft = hidden @ lm_head.index_select(0, draft_to_target).to(hidden.dtype).T
-    lse, argmax = _full_vocab_stats(hidden, lm_head, vocab_chunk)
+    on_draft = head.draft_logits(hidden)
+    lse, argmax = head.full_vocab_stats(hidden, vocab_chunk)
     # The target's output at position t predicts token t+1: train where that is an
     # assistant token.
     predicts = torch.nn.functional.pad(batch["loss_mask"][:, 1:], (0, 1))

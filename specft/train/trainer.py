@@ -27,6 +27,7 @@ from specft.train.losses import MixtureLoss
 from specft.train.metrics import MetricsLogger
 from specft.train.objective import StepResult, acceptance_length, target_view, ttt_objective
 from specft.train.schedule import warmup_cosine
+from specft.train.target_head import load_target_head
 
 log = logging.getLogger(__name__)
 CONSOLE_EVERY = 10  # steps between console lines; metrics.jsonl gets every log_every
@@ -48,12 +49,13 @@ def build_draft(cfg: RootConfig, reader: CacheReader):
         intermediate_size=cfg.draft.intermediate_size or target["intermediate_size"],
         target_vocab_size=target["vocab_size"], draft_vocab_size=vocab.size,
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
-    head = reader.target_head()
+    draft_rows = reader.target_head_rows(0, 0, vocab.draft_to_target)
+    head = {"embed_tokens": reader.target_embedding(), "draft_rows": draft_rows}
     draft = DRAFT_HEADS.get(cfg.draft.name, "draft.name")(c, head, vocab)
     if cfg.draft.quant is not None:
         switched = apply_draft_qat(draft, load_quant_config(cfg.draft.quant, "draft.quant"))
         log.info("draft QAT (%s): %d linear layers", cfg.draft.quant, len(switched))
-    return draft, head["lm_head"]  # stored dtype: target_view computes chunks in fp32
+    return draft, draft_rows
 
 
 def _ds_config(cfg: RootConfig) -> dict:
@@ -124,7 +126,13 @@ class Trainer:
         # that matters for training.
         torch.set_flush_denormal(True)
         torch.manual_seed(cfg.seed)
-        draft, self.lm_head = build_draft(cfg, self.reader)
+        draft, draft_rows = build_draft(cfg, self.reader)
+        # Stored dtype: target_view computes chunks in fp32.
+        self.head = load_target_head(self.reader, cfg.trainer.target_head, draft_rows, rank, world_size)
+        if rank == 0:
+            log.info("target head: %s, %d of %d rows per rank (%.1f MB)", cfg.trainer.target_head,
+                     self.head.rows.shape[0], self.head.vocab_size,
+                     self.head.rows.numel() * self.head.rows.element_size() / 2**20)
         self.engine = _make_engine(cfg, draft)
         self.loss_fn = MixtureLoss(cfg.loss.terms or {cfg.loss.name: 1.0})
         self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
@@ -167,7 +175,7 @@ class Trainer:
 
     def _forward_batch(self, batch: dict) -> tuple[StepResult, int]:
         draft = self.engine.module
-        view = target_view(batch, self.lm_head, draft.draft_to_target, draft.t2d, self.cfg.trainer.vocab_chunk)
+        view = target_view(batch, self.head, draft.t2d, self.cfg.trainer.vocab_chunk)
         # Noise perturbs what the draft reads, never the target it is scored against.
         out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
                           batch.get("final_hidden_input", batch["final_hidden"]), self.cfg.draft.ttt_steps)
@@ -210,12 +218,16 @@ class Trainer:
         batches = [self.val_idx[i: i + micro] for i in range(0, len(self.val_idx), micro)]
         batches = batches[: self.cfg.trainer.val_batches * self.world_size]
         mine = batches[self.rank:: self.world_size] or batches[:1]
+        # A sharded head scores every rank's tokens together: each rank runs as many
+        # forwards as the busiest one (the surplus ones are not counted).
+        rounds = -(-len(batches) // self.world_size) if self.head.sharded else len(mine)
         self.engine.eval()
         results, tokens = [], 0
-        for b in mine:
-            res, n = self._forward(b)
-            results.append(res)
-            tokens += n
+        for i in range(rounds):
+            res, n = self._forward(mine[min(i, len(mine) - 1)])
+            if i < len(mine):
+                results.append(res)
+                tokens += n
         self.engine.train()
         return self._record(results, step, tokens, "val")
 
