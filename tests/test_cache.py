@@ -46,6 +46,12 @@ def test_cache_round_trip_matches_the_quantized_target(tmp_path):
     head = reader.target_head()
     torch.testing.assert_close(reader[0]["final_hidden"] @ head["lm_head"].T,
                                model(reader[0]["input_ids"][None]).logits[0], rtol=1e-4, atol=1e-4)
+    # Stage 2 reads the head by row range (sharded) and by draft-vocabulary ids.
+    assert torch.equal(reader.target_head_rows(100, 300), head["lm_head"][100:300])
+    ids = torch.tensor([7, 2000, 3, 3])
+    assert torch.equal(reader.target_head_rows_at(ids), head["lm_head"][ids])
+    assert reader.target_head_vocab() == head["lm_head"].shape[0]
+    assert torch.equal(reader.target_embedding(), head["embed_tokens"])
 
 
 def test_interrupted_cache_resumes_to_the_same_result(tmp_path, monkeypatch):

@@ -49,7 +49,7 @@ def build_draft(cfg: RootConfig, reader: CacheReader):
         intermediate_size=cfg.draft.intermediate_size or target["intermediate_size"],
         target_vocab_size=target["vocab_size"], draft_vocab_size=vocab.size,
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
-    draft_rows = reader.target_head_rows(0, 0, vocab.draft_to_target)
+    draft_rows = reader.target_head_rows_at(vocab.draft_to_target)
     head = {"embed_tokens": reader.target_embedding(), "draft_rows": draft_rows}
     draft = DRAFT_HEADS.get(cfg.draft.name, "draft.name")(c, head, vocab)
     if cfg.draft.quant is not None:
