@@ -231,7 +231,10 @@ def test_eval_decodes_with_the_trained_draft_and_writes_reports(tmp_path):
     proc = run_cli(["eval", *common, "eval.k=[1,3]", "eval.batch_sizes=[1,4]", "eval.num_prompts=4",
                     "eval.max_new_tokens=12"], cwd=tmp_path)
     out = tmp_path / "runs/tiny_qwen3-mxfp4-eagle3-kl/eval"
-    results = json.loads((out / "results.json").read_text())["results"]
+    report = json.loads((out / "results.json").read_text())
+    results = report["results"]
+    # The draft reads the target's own embedding (its frozen copy holds the same values).
+    assert report["meta"]["drafts"]["tiny_qwen3-mxfp4-eagle3-kl"]["shares_target_embedding"] is True
     assert [(r["draft"], r["k"], r["batch_size"]) for r in results] == [
         ("target alone", 0, 1), ("tiny_qwen3-mxfp4-eagle3-kl", 1, 1), ("tiny_qwen3-mxfp4-eagle3-kl", 3, 1),
         ("target alone", 0, 4), ("tiny_qwen3-mxfp4-eagle3-kl", 1, 4), ("tiny_qwen3-mxfp4-eagle3-kl", 3, 4)]

@@ -164,3 +164,28 @@ def test_target_view_in_vocab_chunks_equals_the_whole_head():
         expected = torch.exp(logits[..., d2t] - torch.logsumexp(logits, -1, keepdim=True))
         torch.testing.assert_close(view.probs_full, expected, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(view.probs, torch.softmax(logits[..., d2t], -1), rtol=1e-5, atol=1e-7)
+
+
+def test_eval_draft_shares_the_target_embedding_only_when_it_is_a_copy():
+    from specft.eval.drafts import share_target_embedding
+    from specft.eval.runner import _bytes
+
+    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
+                     target_vocab_size=50, draft_vocab_size=20)
+    emb = torch.randn(50, 16)
+
+    class Target(torch.nn.Module):
+        def __init__(self, weight):
+            super().__init__()
+            self.embed = torch.nn.Embedding.from_pretrained(weight.clone())
+
+        def get_input_embeddings(self):
+            return self.embed
+
+    draft = Eagle3Draft(c, emb, torch.arange(20))
+    alone = _bytes(draft)
+    other = Target(emb + 1e-3)
+    assert not share_target_embedding(draft, other) and draft.embed_tokens is not other.embed
+    target = Target(emb)
+    assert share_target_embedding(draft, target) and draft.embed_tokens is target.embed
+    assert _bytes(draft, shared_with=target) == alone - emb.numel() * 4

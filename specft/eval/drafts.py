@@ -47,3 +47,17 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32):
         raise SpecftError(f"eval.drafts: {folder} does not match its config (missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]})")
     return draft.to(dtype).eval(), meta
+
+
+def share_target_embedding(draft, target) -> bool:
+    """Give the draft the target's own input embedding when its frozen copy holds the same
+    values, as serving engines do (vLLM and SGLang give an EAGLE-3 or MTP draft the
+    target's embedding): the draft then adds only its own weights to memory. A draft with
+    an embedding of its own (another width, learned) keeps it."""
+    mine, theirs = getattr(draft, "embed_tokens", None), target.get_input_embeddings()
+    if mine is None or mine is theirs or mine.weight.shape != theirs.weight.shape:
+        return False
+    if not torch.equal(mine.weight, theirs.weight.to(mine.weight.dtype)):
+        return False
+    draft.embed_tokens = theirs
+    return True

@@ -48,8 +48,11 @@ def load_quantized_target(cfg: RootConfig, prompts: list[list[int]], dtype: torc
     return model.to(dtype).eval()
 
 
-def _bytes(module) -> int:
-    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+def _bytes(module, shared_with=None) -> int:
+    """Bytes of a module's parameters and buffers, less those it shares with ``shared_with``."""
+    seen = {t.data_ptr() for t in [*shared_with.parameters(), *shared_with.buffers()]} if shared_with else set()
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()]
+               if t.data_ptr() not in seen)
 
 
 def _load_drafts(cfg: RootConfig, dtype) -> list[tuple[str, object, dict]]:
@@ -120,6 +123,7 @@ def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, promp
 
 
 def run_eval(cfg: RootConfig) -> Path:
+    from specft.eval.drafts import share_target_embedding
     from specft.eval.report import write_reports
     from specft.target import load_tokenizer
     from specft.target.loader import stop_token_ids
@@ -134,6 +138,8 @@ def run_eval(cfg: RootConfig) -> Path:
     eos = stop_token_ids(tokenizer, target)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     target_bytes = _bytes(target)
+    for _, draft, meta in drafts:
+        meta["shares_target_embedding"] = share_target_embedding(draft, target)
     runs = [(None, None, 0)] if e.target_alone else []
     runs += [(label, draft, k) for label, draft, _ in drafts for k in e.k]
     records = []
@@ -145,7 +151,7 @@ def run_eval(cfg: RootConfig) -> Path:
                 runner = DRAFT_RUNNERS.get(draft_arch(draft), "draft")(draft) if draft is not None else None
                 decoder = SpecDecoder(target, runner, ids, eos, pad)
                 tokens, st = _decode_all(decoder, prompts, k, batch, cfg)
-                weights = target_bytes + (_bytes(draft) if draft is not None else 0)
+                weights = target_bytes + (_bytes(draft, shared_with=target) if draft is not None else 0)
                 rec = _record(label or "target alone", k, batch, st, weights, len(prompts))
                 if label is None:
                     reference = tokens
