@@ -27,3 +27,17 @@ def root_cfg(*overrides: str, run_dir="unset"):
     cfg = compose(list(overrides))
     OmegaConf.update(cfg, "run_dir", str(run_dir), force_add=True)
     return to_schema(cfg)
+
+
+def run_ranks(worker: str, nproc: int, *args: str) -> None:
+    """Run tests/<worker> as ``nproc`` ranks under torch.distributed.run; fail on error."""
+    import subprocess
+    import sys
+
+    from specft.launch import free_port
+
+    script = Path(__file__).with_name(worker)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                           "--master_port", str(free_port()), str(script), *args],
+                          capture_output=True, text=True, timeout=300, cwd=script.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,7 +12,7 @@ from specft.errors import ConfigError
 from specft.target.sharding import Lockstep, place_target
 
 from conftest import run_cli
-from helpers import root_cfg
+from helpers import root_cfg, run_ranks
 
 # 13 samples over two ranks: 7 and 6, so the lighter rank must pad its forwards and its
 # generation steps (Lockstep) or ZeRO-3's gathers deadlock. Regenerated answers make the
@@ -69,18 +69,10 @@ def test_tensor_parallel_activation_scales_are_the_full_rows(tmp_path):
     4e-6). A position can still differ: TP sums partial products in another order, and
     a last-bit change can flip one FP8 rounding, which random tiny weights magnify. With
     scales computed per shard no position is within 1e-4 (median difference ~1.2)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    worker = Path(__file__).with_name("tp_quant_worker.py")
     logits = {}
     for mode in ("reduced", "per_shard"):
         out = tmp_path / f"{mode}.pt"
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(_free_port()), str(worker), str(out), mode],
-                              capture_output=True, text=True, timeout=300, cwd=worker.parent)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run_ranks("tp_quant_worker.py", 2, str(out), mode)
         logits[mode] = torch.load(out)
     from specft.quant import apply_quant
 
@@ -93,12 +85,6 @@ def test_tensor_parallel_activation_scales_are_the_full_rows(tmp_path):
     per_shard = (logits["per_shard"] - ref).abs().amax(-1)[0]
     assert reduced.median() < 1e-4 and (reduced <= 1e-4).float().mean() >= 0.8, reduced
     assert per_shard.median() > 1e-2 and (per_shard <= 1e-4).float().mean() < 0.2, per_shard
-
-
-def _free_port() -> int:
-    from specft.launch import free_port
-
-    return free_port()
 
 
 def test_device_map_places_the_target_and_changes_nothing():
@@ -147,18 +133,11 @@ def test_hostfile_reaches_the_deepspeed_launcher(tmp_path):
 def test_ranks_building_a_tiny_model_at_once_publish_it_whole(tmp_path):
     """Under a process group transformers saves weights on rank 0 only; rank 1 used to
     publish a dir with just the tokenizer, and every later load failed."""
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from specft.target.tiny import build_tiny
 
-    worker = Path(__file__).with_name("tiny_build_worker.py")
     out = tmp_path / "tiny_qwen3"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(_free_port()), str(worker), str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=worker.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks("tiny_build_worker.py", 2, str(out))
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
 

@@ -1,14 +1,13 @@
 """The frozen target head split by vocabulary rows over ranks (trainer.target_head=sharded)
 gives each rank the statistics a whole head gives."""
 
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from specft.train.target_head import TargetHead, row_range
+
+from helpers import run_ranks
 
 
 @pytest.mark.parametrize("vocab,world", [(1001, 3), (8, 8), (151936, 8), (5, 2)])
@@ -26,14 +25,8 @@ def test_three_ranks_with_a_sharded_head_match_the_whole_head(tmp_path):
     between a row in the first shard and its copy in the last resolved to the lower id."""
     from head_shard_worker import VOCAB, rank_hidden, shared_head
 
-    worker = Path(__file__).with_name("head_shard_worker.py")
     out = tmp_path / "stats"
-    from specft.launch import free_port
-
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
-                           "--master_port", str(free_port()), str(worker), str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=worker.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks("head_shard_worker.py", 3, str(out))
     head = shared_head().bfloat16()
     whole = TargetHead(head, 0, VOCAB, head[:4])
     ties = 0
