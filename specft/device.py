@@ -42,8 +42,8 @@ def select_device(prefer: str | None = None, *, npu_ok=npu_available,
     raise AssertionError("unreachable")
 
 
-def init_distributed(choice: DeviceChoice | None = None) -> None:
-    """Start DeepSpeed's process group on the backend for ``choice`` (selected if None).
+def init_distributed() -> None:
+    """Start DeepSpeed's process group on the selected device's backend.
 
     On CPU, DeepSpeed JIT-builds a shared-memory all-reduce op at start. We turn it off:
     the build waits forever on a lock file that any build killed midway leaves behind in
@@ -53,7 +53,7 @@ def init_distributed(choice: DeviceChoice | None = None) -> None:
     """
     import deepspeed
 
-    choice = choice or select_device()
+    choice = select_device()
     if choice.kind == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=choice.dist_backend, verbose=False)

@@ -1,8 +1,9 @@
 """Draft heads (registry) and the draft vocabulary.
 
 A head builder takes (architecture config, target head tensors {embed_tokens: the whole
-embedding, draft_rows: the lm_head rows of the draft vocabulary}, draft vocabulary) and returns a module whose forward(input_ids, aux_hidden, final_hidden,
-steps) returns a DraftOutput (logits and hidden states per TTT step)."""
+embedding, draft_rows: the lm_head rows of the draft vocabulary}, draft vocabulary) and
+returns a module whose forward(input_ids, aux_hidden, final_hidden, steps) returns a
+DraftOutput (logits and hidden states per TTT step)."""
 
 from specft.draft.eagle3 import DraftOutput, Eagle3Config, Eagle3Draft
 from specft.draft.mtp import MtpDraft
