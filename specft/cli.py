@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if command in ("info", "plan") and any(a in ("-h", "--help") for a in overrides):
+        print(USAGE)  # these two take no Hydra flags: their help is specft's own
+        return 0
     if command == "info":
         return _info(overrides)
     if command == "export":

@@ -15,10 +15,5 @@ def models_dir() -> Path:
 
 
 def conf_dir() -> Path:
-    """conf/ at the repo root in a checkout; the packaged copy (specft.conf) when installed."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("specft.conf")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parent.parent / "conf"
+    """The Hydra config tree, shipped inside the package (conf/ at the repo root links here)."""
+    return Path(__file__).resolve().parent / "conf"

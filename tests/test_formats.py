@@ -136,3 +136,23 @@ def test_every_e8m0_scale_round_trips():
     got = mx_shared_exponent(amax, get_format("e2m1"), "floor")
     assert torch.equal(got.double(), exps.clamp(max=127))
     assert torch.equal(torch.exp2(got.double()), torch.from_numpy(oracle))
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "e2m1"])
+def test_float32_bit_rounding_matches_ml_dtypes_on_every_midpoint(name):
+    """round_float32 reads each binade's step from the exponent bits: check it on every
+    representable value, every midpoint between neighbours (ties to even), values just
+    either side of them, subnormals, saturation, signed zeros and NaN."""
+    fmt = get_format(name)
+    grid = torch.from_numpy(_all_values(ORACLES[name])).unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    near = torch.cat([mids, mids.nextafter(mids + 1), mids.nextafter(mids - 1)]).float()
+    x = torch.cat([grid.float(), near, torch.tensor([0.0, -0.0, 1e-30, -1e-30])])
+    oracle = torch.from_numpy(x.numpy().astype(ORACLES[name]).astype(np.float32))
+    ours = fmt.round_float32(x)
+    assert torch.equal(ours, oracle)
+    assert torch.equal(torch.signbit(ours), torch.signbit(oracle))
+    # Past the largest value ml_dtypes overflows (NaN / Inf); ours saturates, as the formats do.
+    big = fmt.round_float32(torch.tensor([fmt.max_value * 1.5, -1e30, float("inf"), float("-inf")]))
+    assert big.tolist() == [fmt.max_value, -fmt.max_value, fmt.max_value, -fmt.max_value]
+    assert torch.isnan(fmt.round_float32(torch.tensor([float("nan")]))).all()

@@ -51,6 +51,8 @@ def test_regenerated_cache_holds_the_targets_answers_and_resumes(tmp_path, monke
     reader = CacheReader(cache_dir)
     manifest = reader.manifest
     assert manifest["data_summary"]["regenerated"] == 6
+    assert 0 < manifest["data_summary"]["regen_new_tokens"] <= 6 * 12  # its speed is recorded
+    assert manifest["data_summary"]["regen_ms"] > 0
     for rec in stored:
         answer = rec["messages"][-1]["content"]
         assert rec["messages"][:-1] == original[rec["index"]][:-1]  # prompts kept

@@ -39,8 +39,12 @@ class DataSummary(Counter):
         skipped = ", ".join(f"{v} {k}" for k, v in self.skipped.items()) or "none"
         sources = [f"{v} {k}" for k, v in sorted(self.items()) if k.startswith("from_")]
         kept = ", ".join([*sources, *(f"{self[k]} {k}" for k in ("truncated", "regenerated") if self[k])])
+        speed = ""
+        if self["regen_ms"]:
+            speed = (f"; regenerated {self['regen_new_tokens']} new tokens at "
+                     f"{self['regen_new_tokens'] / (self['regen_ms'] / 1000):.1f} tok/s (summed over ranks)")
         return (f"data: {self['records']} records read, {self['samples']} samples kept"
-                + (f" ({kept})" if kept else "") + f"; skipped: {skipped}")
+                + (f" ({kept})" if kept else "") + f"; skipped: {skipped}{speed}")
 
 
 def require_file(path: str | None) -> Path:

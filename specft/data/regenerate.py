@@ -55,25 +55,42 @@ def _append(path: Path, records: list[dict]) -> None:
 @torch.no_grad()
 def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateConfig,
                    seed: int, synced: bool = False) -> tuple[list[list[int]], list[bool]]:
-    """Left-padded batched generation; returns each row's new tokens up to (not
-    including) its first stop token, and whether the row hit max_new_tokens. ``synced``:
-    keep stepping until every rank's batch is done (ZeRO-3 forwards are collectives)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids, attn = left_pad(prompts, pad)
-    width = ids.shape[1]
-    sample = rc.temperature > 0
-    torch.manual_seed(seed)
+    """Batched generation; returns each row's new tokens up to (not including) its first
+    stop token, and whether the row hit max_new_tokens.
+
+    Runs specft's decode loop (the one `specft eval` measures: a KV cache written in place,
+    finished rows dropped, no head over the prompt). ``synced`` (ZeRO-3, where every
+    forward is a collective) keeps transformers' ``generate``, which steps until every
+    rank's batch is done."""
     stops = stop_token_ids(tokenizer, model)
-    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=rc.max_new_tokens,
-                         do_sample=sample, temperature=rc.temperature if sample else None,
-                         top_p=rc.top_p if sample else None, top_k=rc.top_k if sample else None,
-                         eos_token_id=sorted(stops), pad_token_id=pad, synced_gpus=synced)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rows = (_generate_synced(model, prompts, rc, seed, stops, pad) if synced
+            else _generate_engine(model, prompts, rc, seed, stops, pad))
     answers, capped = [], []
-    for row in out[:, width:].tolist():
+    for row in rows:
         cut = next((j for j, t in enumerate(row) if t in stops), None)
         answers.append(row[:cut] if cut is not None else row)
         capped.append(cut is None)
     return answers, capped
+
+
+def _generate_engine(model, prompts, rc: RegenerateConfig, seed: int, stops: set[int], pad: int):
+    from specft.spec import SamplingConfig, SpecDecoder
+
+    sampling = SamplingConfig(rc.temperature, rc.top_p, rc.top_k)
+    return SpecDecoder(model, None, None, stops, pad).generate(prompts, 0, rc.max_new_tokens, sampling,
+                                                                seed=seed).tokens
+
+
+def _generate_synced(model, prompts, rc: RegenerateConfig, seed: int, stops: set[int], pad: int):
+    ids, attn = left_pad(prompts, pad)
+    sample = rc.temperature > 0
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=rc.max_new_tokens,
+                         do_sample=sample, temperature=rc.temperature if sample else None,
+                         top_p=rc.top_p if sample else None, top_k=rc.top_k if sample else None,
+                         eos_token_id=sorted(stops), pad_token_id=pad, synced_gpus=True)
+    return out[:, ids.shape[1]:].tolist()
 
 
 def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: DataConfig,
@@ -142,7 +159,11 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
             bar.update(len(batch))
             bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.1f} tok/s")
     if pending:
-        log.info("regenerate r%d: %d conversations, %d new tokens in %.1fs", rank, len(pending),
-                 tokens, time.perf_counter() - t0)
+        spent = time.perf_counter() - t0
+        log.info("regenerate r%d: %d conversations, %d new tokens in %.1fs (%.1f tok/s)", rank, len(pending),
+                 tokens, spent, tokens / spent if spent else 0.0)
+        # Integers, so a Counter sums them over ranks; the manifest's data_summary keeps them.
+        summary["regen_new_tokens"] += tokens
+        summary["regen_ms"] += round(1000 * spent)
     summary["regenerated"] += len(mine)
     return [done[i] if i in done else None for i in range(len(convs))]

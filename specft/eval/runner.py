@@ -83,7 +83,7 @@ def _decode_all(decoder: SpecDecoder, prompts, k: int, batch: int, cfg: RootConf
         res = decoder.generate(prompts[i: i + batch], k, e.max_new_tokens, s, e.min_confidence, seed=e.seed + i)
         tokens.extend(res.tokens)
         st = res.stats
-        for f in ("proposed", "accepted", "rounds", "generated", "prefill_s", "decode_s"):
+        for f in ("proposed", "accepted", "rounds", "generated", "prefill_tokens", "prefill_s", "decode_s"):
             setattr(total, f, getattr(total, f) + getattr(st, f))
         total.proposed_at = [a + b for a, b in zip(total.proposed_at, st.proposed_at)]
         total.accepted_at = [a + b for a, b in zip(total.accepted_at, st.accepted_at)]
@@ -115,7 +115,8 @@ def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, promp
         "generated_tokens": st.generated,
         # Time per output token of one sequence, decode phase (prefill reported apart).
         "latency_ms_per_token": 1000 * st.decode_s / (per_seq_tokens * batches) if per_seq_tokens else 0.0,
-        "tokens_per_s": st.generated / st.decode_s if st.decode_s else 0.0,
+        "tokens_per_s": st.generated / st.decode_s if st.decode_s else 0.0,  # decode phase, all rows
+        "prefill_tokens_per_s": st.prefill_tokens / st.prefill_s if st.prefill_s else 0.0,
         "prefill_s": st.prefill_s, "decode_s": st.decode_s,
         "weights_bytes": weights, "peak_kv_bytes": st.peak_kv_bytes,
         "memory_bytes": weights + st.peak_kv_bytes,
@@ -159,7 +160,8 @@ def run_eval(cfg: RootConfig) -> Path:
                     rec.update(_divergence(tokens, reference))
                 records.append(rec)
                 bar.update()
-                bar.set_postfix_str(f"{rec['draft']} k={k} b={batch} acc={rec['acceptance_rate']:.3f}")
+                bar.set_postfix_str(f"{rec['draft']} k={k} b={batch} acc={rec['acceptance_rate']:.3f} "
+                                    f"{rec['tokens_per_s']:.1f} tok/s")
     _relative(records)
     meta = {"model": cfg.model.name, "quant": cfg.quant.name, "prompts": len(prompts),
             "data": cfg.data.name, "split": cfg.data.split, "max_new_tokens": e.max_new_tokens,

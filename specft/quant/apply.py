@@ -29,6 +29,7 @@ class ActivationQuantizer:
 
     def __init__(self, spec: TensorQuantSpec):
         self.spec = spec
+        self.spec_key = tuple(vars(spec).values())  # equal keys quantize identically
         self.calibrating = not spec.dynamic
         self.amax = torch.zeros(())
         self.scale: torch.Tensor | None = None
@@ -61,6 +62,28 @@ class ActivationQuantizer:
     def freeze(self) -> None:
         self.calibrating = False
         self.scale = static_scale(self.amax, self.spec)
+
+
+class SharedInput:
+    """Linears that read one tensor (q/k/v after the same norm, gate/up) quantize it once.
+
+    Holds the last input (a reference, so its identity cannot be reused) with its version
+    counter and quantized copy; a call on the same, unmodified tensor with an equal
+    dynamic spec returns that copy. Static or tensor-parallel quantizers always run: each
+    keeps its own scale or reduction."""
+
+    def __init__(self):
+        self.x = self.version = self.key = self.out = None
+
+    def __call__(self, quant: ActivationQuantizer, x: torch.Tensor) -> torch.Tensor:
+        if not quant.spec.dynamic or quant.shard_group is not None:
+            return quant(x)
+        key = quant.spec_key
+        if x is self.x and x._version == self.version and key == self.key:
+            return self.out
+        out = quant(x)
+        self.x, self.version, self.key, self.out = x, x._version, key, out
+        return out
 
 
 @dataclass
@@ -200,6 +223,7 @@ def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> Quant
         return report
     if not any(fnmatch.fnmatch("lm_head", pat) for pat in cfg.exclude):
         _untie_lm_head(model)  # quantizing a tied head must not touch the embeddings
+    shared = SharedInput()
     for name, module in model.named_modules():
         is_linear = isinstance(module, nn.Linear)
         is_experts = _is_fused_experts(module)
@@ -214,7 +238,7 @@ def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> Quant
                 quant = ActivationQuantizer(cfg.activation)
                 quant.shard_group = _input_shard_group(module.weight)
                 report.quantizers.append(quant)
-                module.register_forward_pre_hook(lambda m, args, q=quant: (q(args[0]), *args[1:]))
+                module.register_forward_pre_hook(lambda m, args, q=quant: (shared(q, args[0]), *args[1:]))
             report.layers.append(LayerReport(name, "linear", err))
         else:
             err = None

@@ -152,9 +152,21 @@ SCHEMES = tuple(_SCALE_FNS)
 
 # -- quantization --------------------------------------------------------------------------
 
-def _quantize_symmetric(v, scale, fmt):
+def _quantize_symmetric(v, scale, fmt, want_mask: bool = True):
     scaled = v / scale
-    return fmt.round(scaled) * scale, scaled.abs() > fmt.clip_threshold
+    clipped = scaled.abs() > fmt.clip_threshold if want_mask else None
+    return fmt.round(scaled) * scale, clipped
+
+
+def _rowwise_float32(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Per-row (token / channel) fake quantization of a float32 tensor onto a float grid:
+    the same operations as the general path (amax, the scale, divide, round, rescale)
+    with no clip mask and no extra copies. This is every linear input of an
+    FP8-activation target at every decode step."""
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    amax = torch.nan_to_num(amax, nan=0.0, posinf=torch.finfo(x.dtype).max)
+    scale = _nonzero(amax / fmt.max_value)
+    return fmt.round_float32(torch.div(x, scale)).mul_(scale)
 
 
 def _quantize_asymmetric(v, dims, fmt: IntFormat):
@@ -170,17 +182,24 @@ def quantize_with_clip_mask(x: torch.Tensor, spec: TensorQuantSpec,
                             scale: torch.Tensor | None = None):
     """(fake-quantized x in x's dtype, bool mask of elements clipped by saturation).
     ``scale`` overrides the computed scale (static, calibrated activation scales)."""
+    return _quantize(x, spec, scale, want_mask=True)
+
+
+def _quantize(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None, want_mask: bool):
     fmt = get_format(spec.format)
+    if (not want_mask and scale is None and x.dtype == torch.float32 and spec.scheme in ("token", "channel")
+            and isinstance(fmt, FloatFormat)):
+        return _rowwise_float32(x, fmt), None
     xc = x.to(_compute_dtype(x))
     if scale is not None:
-        q, clipped = _quantize_symmetric(xc, scale.to(xc.dtype), fmt)
+        q, clipped = _quantize_symmetric(xc, scale.to(xc.dtype), fmt, want_mask)
         return q.to(x.dtype), clipped
     v, dims, back = _grouped(xc, spec)
     if isinstance(fmt, IntFormat) and not spec.symmetric:
         q, clipped = _quantize_asymmetric(v, dims, fmt)
     else:
-        q, clipped = _quantize_symmetric(v, _SCALE_FNS[spec.scheme](v, dims, spec, fmt, xc), fmt)
-    return back(q).to(x.dtype), back(clipped)
+        q, clipped = _quantize_symmetric(v, _SCALE_FNS[spec.scheme](v, dims, spec, fmt, xc), fmt, want_mask)
+    return back(q).to(x.dtype), back(clipped) if clipped is not None else None
 
 
 def quantized_parts(x: torch.Tensor, spec: TensorQuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +215,7 @@ def quantized_parts(x: torch.Tensor, spec: TensorQuantSpec) -> tuple[torch.Tenso
 
 def fake_quant(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None = None) -> torch.Tensor:
     """Quantize ``x`` per ``spec`` and dequantize, returning ``x``'s dtype (no gradient)."""
-    return quantize_with_clip_mask(x, spec, scale)[0]
+    return _quantize(x, spec, scale, want_mask=False)[0]
 
 
 class _StraightThrough(torch.autograd.Function):

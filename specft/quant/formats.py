@@ -31,8 +31,7 @@ class FloatFormat:
     mbits: int
     bias: int
     max_value: float
-    # torch's own dtype for this format, if any: casting to it is exact round-to-nearest-
-    # even and several times faster than the generic path (used for float32 inputs).
+    # torch's own dtype for this format, if any (export packs into it).
     native: torch.dtype | None = None
 
     @property
@@ -50,9 +49,20 @@ class FloatFormat:
         return self.max_value + 2.0 ** (self.emax - self.mbits - 1)
 
     def round(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native is not None and x.dtype == torch.float32:
-            return x.clamp(-self.max_value, self.max_value).to(self.native).to(x.dtype)
+        if x.dtype == torch.float32:
+            return self.round_float32(x)
         return self.round_generic(x)
+
+    def round_float32(self, x: torch.Tensor) -> torch.Tensor:
+        """Round-to-nearest-even on float32 bits: the grid step of each value's binade
+        comes from its exponent field (so no frexp), and ``round`` is RNE. Equal to a cast
+        to torch's float8 dtypes and back (tested against ml_dtypes), and 1.3-3x faster on
+        CPU, where that cast back is a scalar loop."""
+        v = x.clamp(-self.max_value, self.max_value)  # NaN stays NaN
+        exp = v.view(torch.int32) >> 23
+        exp.bitwise_and_(0xFF).clamp_(min=127 + self.min_normal_exp)  # subnormals share the lowest step
+        step = exp.sub_(self.mbits).bitwise_left_shift_(23).view(torch.float32)
+        return torch.div(v, step).round_().mul_(step)
 
     def round_generic(self, x: torch.Tensor) -> torch.Tensor:
         ax = x.abs()

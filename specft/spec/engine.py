@@ -20,6 +20,7 @@ class DecodeStats:
     accepted: int = 0
     rounds: int = 0  # target forwards after prefill (row-rounds: summed over live rows)
     generated: int = 0
+    prefill_tokens: int = 0  # prompt tokens (padding excluded)
     proposed_at: list[int] = field(default_factory=list)  # per draft position
     accepted_at: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
@@ -76,8 +77,9 @@ class SpecDecoder:
         stats = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k)
         out: list[list[int]] = [[] for _ in prompts]
         t0 = time.perf_counter()
-        state = self._prefill(prompts, s, gen, device)
+        state = self._prefill(prompts, s, gen, device, room=max_new_tokens * (k + 1))
         stats.prefill_s = time.perf_counter() - t0
+        stats.prefill_tokens = sum(len(p) for p in prompts)
         live = self._emit(out, state.rows, state.last[:, None], torch.ones_like(state.last), max_new_tokens)
         t0 = time.perf_counter()
         while live.any():
@@ -90,11 +92,11 @@ class SpecDecoder:
         stats.generated = sum(len(o) for o in out)
         return DecodeResult(out, stats)
 
-    def _prefill(self, prompts, s: SamplingConfig, gen, device) -> _State:
+    def _prefill(self, prompts, s: SamplingConfig, gen, device, room: int = 256) -> _State:
         b = len(prompts)
-        self.target.reset(b, device)
+        self.target.reset(b, device, room)
         ids, valid = left_pad(prompts, self.pad_id, device)
-        step = self.target.forward(ids, valid)
+        step = self.target.forward(ids, valid, last_logits_only=True)
         self.target.commit(valid.sum(-1))
         last = self._choose(step.logits[:, -1], s, gen)  # x[T]: the next token, not yet in any cache
         state = _State(rows=torch.arange(b), last=last)

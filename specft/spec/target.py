@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+
+from specft.spec.kv_cache import InPlaceCache
 
 
 @dataclass
@@ -26,27 +27,31 @@ class TargetRunner:
     def __init__(self, model, aux_layer_ids: list[int] | None):
         self.model = model
         self.aux_layer_ids = aux_layer_ids or []
-        self.cache: DynamicCache | None = None
+        self.cache: InPlaceCache | None = None
         self.mask: torch.Tensor | None = None  # [B, L] long, 1 = valid
         self.next_pos: torch.Tensor | None = None  # [B] RoPE position of the next token
 
-    def reset(self, batch: int, device) -> None:
-        self.cache = DynamicCache()
+    def reset(self, batch: int, device, room: int = 256) -> None:
+        """``room``: decode columns to allocate beyond the prompt (the cache grows past it)."""
+        self.cache = InPlaceCache(room)
         self.mask = torch.zeros(batch, 0, dtype=torch.long, device=device)
         self.next_pos = torch.zeros(batch, dtype=torch.long, device=device)
         self.pending = torch.zeros(batch, 0, dtype=torch.long, device=device)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> TargetStep:
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None,
+                last_logits_only: bool = False) -> TargetStep:
         """Run ``tokens`` [B, m]; ``valid`` [B, m] marks real tokens (left padding of
-        prompts is 0). Columns stay pending (visible to later forwards) until ``commit``."""
+        prompts is 0). Columns stay pending (visible to later forwards) until ``commit``.
+        ``last_logits_only``: logits [B, 1, V] of the last column (a prefill needs no more;
+        the head over every prompt position is most of a prefill's work)."""
         valid = torch.ones_like(tokens) if valid is None else valid.long()
         start = self.next_pos + self.pending.sum(-1)
         positions = start[:, None] + (valid.cumsum(-1) - 1).clamp(min=0)
         self.pending = torch.cat([self.pending, valid], dim=1)
         attention = torch.cat([self.mask, self.pending], dim=1)
         out = self.model(input_ids=tokens, attention_mask=attention, position_ids=positions,
-                         cache=self.cache, use_cache=True,
+                         cache=self.cache, use_cache=True, logits_to_keep=1 if last_logits_only else 0,
                          output_hidden_states=True)
         hs = out.hidden_states  # [embeddings, layer 0, ..., layer N-1 (post-norm last)]
         aux = torch.cat([hs[i + 1] for i in self.aux_layer_ids], -1) if self.aux_layer_ids else None

@@ -1,0 +1,94 @@
+"""The decode loop's in-place KV cache against transformers' DynamicCache, and the
+quantized-input sharing of linears that read one tensor."""
+
+import torch
+from transformers import DynamicCache
+
+from specft.config import RegenerateConfig
+from specft.data import load_conversations
+from specft.data.regenerate import generate_batch
+from specft.data.template import prompt_ids
+from specft.quant import apply_quant
+from specft.quant.apply import SharedInput
+from specft.spec.kv_cache import InPlaceCache
+from specft.target import load_target
+
+from helpers import quant_cfg, root_cfg
+
+
+def _model(quant="mxfp4", dtype=torch.float64):
+    cfg = root_cfg("model=tiny_qwen3", f"quant={quant}")
+    m, tok = load_target(cfg.model)
+    apply_quant(m, cfg.quant)
+    return m.to(dtype).eval(), tok, cfg
+
+
+@torch.no_grad()
+def test_in_place_cache_gives_the_logits_dynamic_cache_gives():
+    """Prefill, decode steps past the first buffer's room (so it grows), a crop of the
+    last columns and a dropped row: every logit equal to DynamicCache's."""
+    m, _, _ = _model()
+    ids = torch.randint(0, m.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
+    caches = [DynamicCache(), InPlaceCache(room=2)]
+    outs = [m(input_ids=ids, cache=c, use_cache=True).logits for c in caches]
+    assert torch.equal(outs[0], outs[1])
+    tok = outs[0][:, -1:].argmax(-1)
+    for step in range(6):
+        outs = [m(input_ids=torch.cat([tok, tok], 1), cache=c, use_cache=True).logits for c in caches]
+        assert torch.equal(outs[0], outs[1]), step
+        for c in caches:
+            c.crop(-1)  # the second column was a rejected draft
+        tok = outs[0][:, :1].argmax(-1)
+        if step == 3:
+            for c in caches:
+                c.batch_select_indices(torch.tensor([0, 2]))
+            tok = tok[[0, 2]]
+    assert caches[1].get_seq_length() == caches[0].get_seq_length() == 9 + 6
+    assert caches[1].layers[0].keys.shape == caches[0].layers[0].keys.shape
+
+
+def test_linears_reading_one_tensor_quantize_it_once():
+    m, _, _ = _model(dtype=torch.float32)
+    calls = []
+    real = SharedInput.__call__
+
+    def spy(self, quant, x):
+        before = self.out
+        out = real(self, quant, x)
+        calls.append(out is before)  # served the previous call's quantized copy
+        return out
+
+    SharedInput.__call__ = spy
+    try:
+        with torch.no_grad():
+            m(input_ids=torch.tensor([[1, 2, 3]]))
+    finally:
+        SharedInput.__call__ = real
+    layers = m.config.num_hidden_layers
+    assert len(calls) == 7 * layers  # q, k, v, o, gate, up, down
+    assert sum(calls) == 3 * layers  # k and v reuse q's quantized input, up reuses gate's
+
+
+def test_a_changed_input_is_quantized_again():
+    shared = SharedInput()
+    from specft.quant.apply import ActivationQuantizer
+
+    q = ActivationQuantizer(quant_cfg("fp8").activation)
+    x = torch.randn(2, 64)
+    first = shared(q, x)
+    assert shared(q, x) is first
+    x.mul_(3)  # same tensor, new values: its version counter moved
+    again = shared(q, x)
+    assert again is not first and not torch.equal(again, first)
+
+
+def test_regeneration_samples_reproducibly_and_stops_at_eos():
+    m, tok, cfg = _model(dtype=torch.float32)
+    prompts = [prompt_ids(tok, c[:1]) for c in load_conversations(cfg.data)[:4]]
+    rc = RegenerateConfig(max_new_tokens=10, temperature=1.0, top_k=20)
+    a, capped = generate_batch(m, tok, prompts, rc, seed=3)
+    b, _ = generate_batch(m, tok, prompts, rc, seed=3)
+    c, _ = generate_batch(m, tok, prompts, rc, seed=4)
+    assert a == b and a != c
+    assert all(tok.eos_token_id not in ans for ans in a)
+    assert all(len(ans) == 10 for ans, cap in zip(a, capped) if cap)
