@@ -129,14 +129,24 @@ def gemm_shapes(cfg) -> list[tuple[int, int]]:
     return layer * cfg.num_layers + [(h, cfg.vocab_size)]
 
 
-def _best_of(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
+def _times(fn, reps: int) -> list[float]:
+    fn()  # warm-up
+    out = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _best_of(fn, reps: int) -> float:
+    return min(_times(fn, reps))
+
+
+def _median_of(fn, reps: int) -> float:
+    import statistics
+
+    return statistics.median(_times(fn, reps))
 
 
 def roofline(cfg, batch: int, reps: int = 3) -> dict:
@@ -370,8 +380,9 @@ def round_parts(model, draft, prompts, k: int, reps: int) -> dict:
     def extend():
         runner.extend(step.aux, step.final, fed, fed, keep)
 
-    return {"verify_s": _best_of(verify, reps), "propose_s": _best_of(drafting, reps),
-            "extend_s": _best_of(extend, reps)}
+    # Medians, as the rounds' own time is a median: noise on a shared machine moves means.
+    return {"verify_s": _median_of(verify, reps), "propose_s": _median_of(drafting, reps),
+            "extend_s": _median_of(extend, reps)}
 
 
 # -- the grid ------------------------------------------------------------------------
@@ -419,10 +430,33 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
         if timer is not None:
             row["profile"] = profile_rows(timer, res["seconds"])
     if "spec" in args.paths:
+        import statistics
+
+        from specft.spec.engine import SpecDecoder
+
         draft = random_draft(mcfg, model)
-        res = eval_path(model, tokenizer, prompts, args.spec_tokens, draft, k=3)
-        per_round = res["decode_s"] / (res["rounds"] / batch)
-        parts = round_parts(model, draft, prompts, 3, reps=5)
+        spent = {"_round": [], "_emit": []}  # a loop iteration: the round, then emitting its tokens
+        real = {name: getattr(SpecDecoder, name) for name in spent}
+
+        def timed(name):
+            def wrapper(self, *a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return real[name](self, *a, **kw)
+                finally:
+                    spent[name].append(time.perf_counter() - t0)
+            return wrapper
+
+        for name in spent:
+            setattr(SpecDecoder, name, timed(name))
+        try:
+            res = eval_path(model, tokenizer, prompts, args.spec_tokens, draft, k=3)
+        finally:
+            for name in spent:
+                setattr(SpecDecoder, name, real[name])
+        # Medians, like the parts below: noise on a shared machine moves means.
+        per_round = statistics.median(spent["_round"]) + statistics.median(spent["_emit"])
+        parts = round_parts(model, draft, prompts, 3, reps=9)
         parts_s = parts["verify_s"] + parts["propose_s"] + parts["extend_s"]
         add("spec k=3", res, round_ms=1000 * per_round, parts_ms=1000 * parts_s,
             engine_overhead=per_round / parts_s - 1, **{f"{k}_ms": 1000 * v for k, v in parts.items()},

@@ -20,7 +20,7 @@ from specft.paths import conf_dir
 
 COMMANDS = ("cache", "train", "eval", "export", "plan", "info")
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
-       specft info CACHE_DIR           # what a cache holds
+       specft info CACHE_DIR [--verify]  # what a cache holds; --verify checks every checksum
        specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp] [--quant auto|none|fp8|mxfp4]
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
@@ -69,6 +69,17 @@ def _expand_overrides(overrides: list[str]) -> list[list[str]]:
         else:
             choices.append([o.input_line])
     return [list(c) for c in itertools.product(*choices)]
+
+
+def _dict_overrides_merge(overrides: list[str]) -> list[str]:
+    """``key={a: 1}`` as ``++key={a: 1}``: OmegaConf cannot merge new keys into a typed
+    dict field in struct mode ('Key a is not in struct'); a forced update can. An unknown
+    key still fails: the schema merge rejects it."""
+    out = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        out.append(f"++{o}" if eq and not key.startswith(("+", "~")) and value.lstrip().startswith("{") else o)
+    return out
 
 
 def _check_group_choice(override: str, groups: dict[str, list[str]]) -> None:
@@ -123,6 +134,21 @@ def _absolute_paths(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, key, str(Path(value).expanduser().resolve()))
 
 
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+
+
+def _check_writable_places(root, command: str) -> None:
+    from specft.paths import models_dir, require_writable_dir
+
+    if command == "eval":
+        require_writable_dir(root.eval.out_dir or Path(root.run_dir) / "eval", "eval.out_dir")
+    else:
+        require_writable_dir(root.run_dir, "run_dir (runs/ under the working directory by default)")
+        require_writable_dir(root.cache.dir or root.cache.root, "cache.dir" if root.cache.dir else "cache.root")
+    if root.model.source in ("tiny", "smollm2_package") and not (models_dir() / root.model.name).is_dir():
+        require_writable_dir(models_dir(), "SPECFT_HOME (where specft builds local models)")
+
+
 def _task(command: str):
     def task(hydra_cfg: DictConfig) -> None:
         try:
@@ -131,6 +157,11 @@ def _task(command: str):
             # Hydra turns exceptions into tracebacks and exit 1; bad input is one line, exit 2.
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
+        except KeyboardInterrupt:
+            resume = "" if command == "eval" else "; the same command resumes from the last checkpoint / shard"
+            print(f"interrupted: specft {command} stopped (run dir {hydra_cfg.get('run_dir')}){resume}",
+                  file=sys.stderr)
+            raise SystemExit(INTERRUPTED) from None
 
     return task
 
@@ -141,7 +172,9 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     from specft.config import to_schema
+    from specft.data import check_data_files
     from specft.launch import launch_ranks, run_subprocess_rank
+    from specft.rundir import check_resume, write_atomic
     from specft.worker import run
 
     setup_logging()  # Hydra reconfigures logging per job
@@ -150,17 +183,21 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     cfg.meta = {"git_sha": _git_sha(), "command": command, "argv": sys.argv[1:]}
     root = to_schema(cfg)
     run_dir = Path(root.run_dir)
-    if command == "eval":  # reads a run; writes only under its eval dir
+    # Everything is checked before anything is written: a refused command changes no file.
+    check_data_files(root.data)
+    _check_writable_places(root, command)
+    if command == "eval":  # reads a run; writes only under its eval dir, once it has results
         from specft.eval import run_eval
 
-        out = Path(root.eval.out_dir or run_dir / "eval")
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-        run_eval(root)
+        out = run_eval(root)
+        write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg))
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_resume(run_dir, OmegaConf.to_container(cfg))
     config_path = run_dir / "config.yaml"
-    config_path.write_text(OmegaConf.to_yaml(cfg))
+    try:
+        write_atomic(config_path, OmegaConf.to_yaml(cfg))
+    except OSError as err:
+        raise SpecftError(f"run_dir: cannot write {config_path}: {err.strerror or err}") from None
     log.info("%s: run dir %s", command, run_dir)
     if root.trainer.nproc > 1 or root.trainer.hostfile:
         launch_ranks(config_path, command, root.trainer.nproc, root.trainer.hostfile, root.trainer.num_nodes)
@@ -173,13 +210,19 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
 def _info(args: list[str]) -> int:
     from specft.cache.info import describe
 
+    verify = "--verify" in args
+    args = [a for a in args if a != "--verify"]
     if len(args) != 1:
-        print("error: usage: specft info CACHE_DIR", file=sys.stderr)
+        print("error: usage: specft info CACHE_DIR [--verify]", file=sys.stderr)
         return 2
     try:
-        print(describe(args[0]))
+        text, damage = describe(args[0], verify)
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(text)
+    if damage:
+        print(f"error: {damage[0].line(Path(args[0]))}", file=sys.stderr)
         return 2
     return 0
 
@@ -199,9 +242,11 @@ def _export(args: list[str]) -> int:
                         help="auto: the draft's QAT format (16-bit when it has none)")
     parser.add_argument("--target-head", help="target_head.safetensors of the cache (mtp with a reduced vocab)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in a non-empty OUT_DIR")
     ns = parser.parse_args(args)
     try:
-        out = export_draft(ns.checkpoint, ns.out_dir, ns.layout, ns.quant, ns.target_head, ns.dtype)
+        out = export_draft(ns.checkpoint, ns.out_dir, ns.layout, ns.quant, ns.target_head, ns.dtype,
+                           ns.overwrite)
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -245,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         return _export(overrides)
     setup_logging()
     hydra_flags = [a for a in overrides if a.startswith("-")]
-    plain = [a for a in overrides if not a.startswith("-")]
+    plain = _dict_overrides_merge([a for a in overrides if not a.startswith("-")])
     try:
         validate_overrides(plain)
     except SpecftError as err:

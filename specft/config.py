@@ -123,8 +123,9 @@ class DraftConfig:
 @dataclass
 class LossConfig:
     name: str = "kl"
-    # Weighted mixture {loss: weight}; null: {name: 1.0}. Names: kl, lk, tv, ce, hidden.
-    terms: dict[str, float] | None = None
+    # Weighted mixture {loss: weight}; empty (or null): {name: 1.0}. Names: kl, lk, tv,
+    # ce, hidden. Empty by default: Hydra cannot merge a dict override into a null field.
+    terms: dict[str, float] | None = field(default_factory=dict)
 
 
 @dataclass
@@ -275,6 +276,9 @@ def validate_model(m: ModelConfig) -> None:
     ids = aux_layer_ids(m)
     if len(ids) != 3:
         raise ConfigError(f"model.aux_layer_ids: EAGLE-3 fuses 3 layers, got {len(ids)}: {ids}")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"model.aux_layer_ids: each layer once; got {ids} (three distinct layers, "
+                          f"e.g. {default_aux_layer_ids(m.num_layers)})")
     for i in ids:
         if not 0 <= i < m.num_layers:
             raise ConfigError(f"model.aux_layer_ids: layer {i} is past the model's depth; "

@@ -53,7 +53,7 @@ def run(cfg: RootConfig, command: str) -> Path | None:
     needs_dist = world > 1 or command == "train" or cfg.cache.sharding in ("zero3", "tp")
     rank, world = _init_distributed() if needs_dist else (0, 1)
     try:
-        cache_dir = ensure_cache(cfg, rank, world)
+        cache_dir = ensure_cache(cfg, rank, world, verify=command == "cache")  # `specft cache` checks every checksum
         if command == "train":
             from specft.train.trainer import Trainer
 
@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if rank == 0:
+            print("interrupted: the same command resumes from the last checkpoint / shard", file=sys.stderr)
+        return 130
     return 0
 
 

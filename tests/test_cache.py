@@ -131,3 +131,64 @@ def test_fp8_storage_is_e4m3_with_per_token_group_scales(tmp_path):
             assert ((y.reshape(g.shape) - g).abs() <= bound * (1 + 1e-6)).all(), (i, key)
     size = {d: sum(p.stat().st_size for p in d.glob("shard-*")) for d in (fp8_dir, bf16_dir)}
     assert 0.45 < size[fp8_dir] / size[bf16_dir] < 0.6, size
+
+
+# -- damage ---------------------------------------------------------------------------
+
+def _damage(cache_dir, kind: str) -> str:
+    """Damage one file; returns its name."""
+    shard = sorted(cache_dir.glob("shard-*.safetensors"))[1].name
+    head = "target_head.safetensors"
+    if kind == "garbage manifest":
+        (cache_dir / "manifest.json").write_bytes(b"\xff\xfe not text \x00" * 5)
+        return "manifest.json"
+    name = head if "head" in kind else shard
+    path = cache_dir / name
+    data = path.read_bytes()
+    if kind.startswith("missing"):
+        path.unlink()
+    elif kind.startswith("truncated"):
+        path.write_bytes(data[: len(data) // 2])
+    elif kind.startswith("empty"):
+        path.write_bytes(b"")
+    else:  # flipped bytes in the data, size unchanged
+        header = 8 + int.from_bytes(data[:8], "little")
+        mid = header + (len(data) - header) // 2
+        path.write_bytes(data[:mid] + bytes(b ^ 0xFF for b in data[mid: mid + 16]) + data[mid + 16:])
+    return name
+
+
+@pytest.mark.parametrize("kind", ["missing shard", "truncated shard", "empty shard", "flipped shard",
+                                  "truncated head", "flipped head", "garbage manifest"])
+def test_damaged_cache_is_found_and_only_the_damage_is_rebuilt(tmp_path, kind):
+    import shutil
+
+    from specft.cache.info import describe
+
+    ref_cfg = root_cfg("model=tiny_qwen3", "quant=mxfp4", "data.num_samples=12", "cache.samples_per_shard=4",
+                       "cache.dtype=fp32", f"cache.dir={tmp_path / 'ref'}")
+    ref = ensure_cache(ref_cfg)
+    work = tmp_path / "work"
+    shutil.copytree(ref, work)
+    name = _damage(work, kind)
+    untouched = {p.name: p.read_bytes() for p in work.glob("shard-*") if p.name != name}
+    if kind == "garbage manifest":
+        with pytest.raises(SpecftError, match="manifest.json"):
+            describe(work, verify=True)
+    else:
+        text, damage = describe(work, verify=True)
+        assert [d.file for d in damage] == [name] and "DAMAGED" in text
+        if not kind.startswith("flipped"):  # sizes are checked on every open
+            with pytest.raises(SpecftError, match=name):
+                CacheReader(work)
+    cfg = root_cfg("model=tiny_qwen3", "quant=mxfp4", "data.num_samples=12", "cache.samples_per_shard=4",
+                   "cache.dtype=fp32", f"cache.dir={work}")
+    assert ensure_cache(cfg, verify=True) == work
+    assert describe(work, verify=True)[1] == []
+    assert {p.name: p.read_bytes() for p in work.glob("shard-*") if p.name in untouched} == untouched
+    a, b = CacheReader(ref), CacheReader(work)
+    assert len(a) == len(b)
+    for i in range(len(a)):
+        sa, sb = a[i], b[i]
+        assert all(torch.equal(sa[k], sb[k]) for k in sa), i
+    assert torch.equal(a.target_head()["lm_head"], b.target_head()["lm_head"])

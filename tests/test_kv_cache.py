@@ -45,6 +45,8 @@ def test_in_place_cache_gives_the_logits_dynamic_cache_gives():
             tok = tok[[0, 2]]
     assert caches[1].get_seq_length() == caches[0].get_seq_length() == 9 + 6
     assert caches[1].layers[0].keys.shape == caches[0].layers[0].keys.shape
+    used = sum(t.numel() * t.element_size() for layer in caches[0].layers for t in (layer.keys, layer.values))
+    assert used <= caches[1].allocated_bytes() <= 2 * used  # memory counts the room, which stays bounded
 
 
 def test_linears_reading_one_tensor_quantize_it_once():

@@ -11,6 +11,7 @@ from specft.cache.writer import (
     CacheWriter,
     build_provenance,
     cache_is_complete,
+    drop_damaged,
     merge_manifest,
     resolve_cache_dir,
     save_side_files,
@@ -39,8 +40,10 @@ def locate_cache(cfg: RootConfig):
     return resolve_cache_dir(cfg, provenance), provenance, tokenizer
 
 
-def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
-    """Build (or finish) the cache for ``cfg`` unless a complete one exists; return its dir."""
+def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bool = False) -> Path:
+    """Build (or finish, or repair) the cache for ``cfg`` unless a complete, intact one
+    exists; return its dir. ``verify``: check every file's checksum first (`specft
+    cache`), not only a sample of them."""
     from specft.data import DataSummary, load_conversations, tokenize_all
     from specft.data import report as data_report
     from specft.data.regenerate import regenerate
@@ -50,6 +53,9 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1) -> Path:
     from specft.target.sharding import editing, place_target
 
     cache_dir, provenance, tokenizer = locate_cache(cfg)
+    if rank == 0 and cache_dir.is_dir():
+        drop_damaged(cache_dir, verify)  # a damaged cache is rebuilt where it is damaged only
+    barrier(world_size)
     if cache_is_complete(cache_dir, provenance):
         log.info("cache: reusing %s", cache_dir)
         return cache_dir

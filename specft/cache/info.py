@@ -4,17 +4,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specft.cache.integrity import Damage, find_damage
 from specft.cache.manifest import MANIFEST, read_json
 from specft.errors import SpecftError
 
 
-def describe(cache_dir: str | Path) -> str:
+def describe(cache_dir: str | Path, verify: bool = False) -> tuple[str, list[Damage]]:
+    """(the description, the damaged files of a complete cache): sizes always, checksums
+    of a random sample of shards, or of every file with ``verify``."""
     d = Path(cache_dir)
     manifest = d / MANIFEST
     progress = sorted(d.glob("progress-r*.json"))
+    damage: list[Damage] = []
     if manifest.exists():
         m = read_json(manifest)
+        if not isinstance(m, dict) or "shards" not in m:
+            raise SpecftError(f"info: {manifest} is not a specft manifest; `specft cache` with the same settings "
+                              "rebuilds it")
+        damage = find_damage(d, m, verify=verify) if m.get("complete") else []
         state = "complete" if m.get("complete") else "incomplete"
+        if damage:
+            state = f"DAMAGED: {len(damage)} file(s)"
+        elif verify and m.get("complete"):
+            state = "complete, every checksum verified"
         shards, prov = m["shards"], m["provenance"]
     elif progress:
         parts = [read_json(p) for p in progress]
@@ -38,8 +50,9 @@ def describe(cache_dir: str | Path) -> str:
         f"storage    {prov['dtype']}, {len(shards)} shards, {on_disk / 1e6:.1f} MB, "
         f"{on_disk / max(tokens, 1):.0f} bytes/token",
         f"contents   {samples} samples, {tokens} tokens",
+        *(f"damaged    {x.file}: {x.why}" for x in damage),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines), damage
 
 
 def _spec(spec: dict | None) -> str:

@@ -31,10 +31,11 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file of the cache; one line naming it when it is unreadable or not JSON text."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise SpecftError(f"cache: cannot read {path}: {err}") from None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8 text at all
+        raise SpecftError(f"cache: cannot read {path}: {str(err).splitlines()[0][:200]}") from None
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from specft.cache.integrity import require_intact
 from specft.cache.manifest import MANIFEST, read_json
 from specft.cache.storage import SCALE_SUFFIX, decode
 from specft.cache.writer import TARGET_HEAD, TOKEN_COUNTS
@@ -27,6 +28,7 @@ class CacheReader:
         self.manifest = read_json(manifest_path)
         if not self.manifest.get("complete"):
             raise SpecftError(f"cache: {self.cache_dir} is incomplete; rerun `specft cache` to finish it")
+        require_intact(self.cache_dir, self.manifest)  # sizes of all files, checksums of a sample
         self._where: dict[int, tuple[str, int]] = {}
         for shard in self.manifest["shards"]:
             for local, global_index in enumerate(shard["sample_index"]):

@@ -23,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from specft.cache.integrity import file_record, find_damage
 from specft.cache.manifest import (
     CACHE_VERSION,
     MANIFEST,
@@ -73,6 +74,46 @@ def shard_name(rank: int, index: int) -> str:
 
 def progress_path(cache_dir: Path, rank: int) -> Path:
     return cache_dir / f"progress-r{rank:03d}.json"
+
+
+def drop_damaged(cache_dir: Path, verify: bool = False) -> list[str]:
+    """Before a cache is reused (rank 0 only): find what is damaged in a complete cache
+    (or an unreadable manifest / progress file) and forget it, so that the build that
+    follows redoes only that: damaged shards leave their rank's progress file and the
+    disk, damaged side files are deleted (they are rebuilt at the end of every build),
+    and the manifest goes (it is merged again). Returns the damaged names."""
+    manifest_path = cache_dir / MANIFEST
+    bad = []
+    for progress in sorted(cache_dir.glob("progress-r*.json")):
+        try:
+            read_json(progress)
+        except SpecftError:
+            bad.append(progress.name)
+            progress.unlink()  # its rank's shards are redone
+    if not manifest_path.exists():
+        return bad
+    try:
+        manifest = read_json(manifest_path)
+        damage = find_damage(cache_dir, manifest, verify) if manifest.get("complete") else []
+    except SpecftError:
+        manifest, damage = None, []
+        bad.append(MANIFEST)
+    for d in damage:
+        log.warning("cache: %s is damaged (%s)", cache_dir / d.file, d.why)
+        bad.append(d.file)
+    if not bad:
+        return bad
+    shard_names = {d.file for d in damage}
+    for progress in sorted(cache_dir.glob("progress-r*.json")):
+        state = read_json(progress)
+        kept = [s for s in state["shards"] if s["file"] not in shard_names]
+        if len(kept) != len(state["shards"]):
+            atomic_write_json(progress, {**state, "shards": kept})
+    for name in bad:
+        (cache_dir / name).unlink(missing_ok=True)
+    manifest_path.unlink(missing_ok=True)
+    log.warning("cache: %d damaged file(s) in %s (%s); rebuilding only those", len(bad), cache_dir, ", ".join(bad))
+    return bad
 
 
 def cache_is_complete(cache_dir: Path, provenance: dict) -> bool:
@@ -173,11 +214,12 @@ class CacheWriter:
         fd, tmp = tempfile.mkstemp(prefix=f".{file}.", dir=self.cache_dir)
         os.close(fd)
         save_file(tensors, tmp, metadata={"provenance_hash": provenance_hash(self.provenance)})
+        record = file_record(Path(tmp))  # size and checksum, verified when the cache is opened
         os.replace(tmp, self.cache_dir / file)
         offsets = tensors["offsets"]
         indices = tensors["sample_index"].tolist()
         progress["shards"].append({"file": file, "num_samples": len(indices),
-                                   "num_tokens": int(offsets[-1]), "sample_index": indices})
+                                   "num_tokens": int(offsets[-1]), "sample_index": indices, **record})
         atomic_write_json(progress_path(self.cache_dir, self.rank), progress)
 
     def _remove_stale_temporaries(self) -> None:
@@ -268,6 +310,8 @@ def merge_manifest(cfg: RootConfig, cache_dir: Path, provenance: dict, world_siz
         "num_samples": sum(s["num_samples"] for s in shards),
         "num_tokens": sum(s["num_tokens"] for s in shards),
         "shards": sorted(shards, key=lambda s: s["file"]),
+        "files": {name: file_record(cache_dir / name) for name in (TARGET_HEAD, TOKEN_COUNTS)
+                  if (cache_dir / name).exists()},
     }
     atomic_write_json(cache_dir / MANIFEST, manifest)
     return manifest

@@ -53,6 +53,18 @@ def mix_members(cfg: DataConfig) -> list[DataConfig]:
     return members
 
 
+def check_data_files(cfg: DataConfig) -> None:
+    """Every local data file the run will read exists and is a file (one line naming the
+    field otherwise): checked before a command writes anything."""
+    from specft.data.records import require_file
+    from specft.data.sources import FILE_SOURCES
+
+    members = mix_members(cfg) if cfg.name == "mix" else [cfg]
+    for i, member in enumerate(members):
+        if member.name in FILE_SOURCES:
+            require_file(member.path, f"data.mix[{i}].path" if cfg.name == "mix" else "data.path")
+
+
 def _load_mix(cfg: DataConfig, summary: DataSummary) -> list[Conversation]:
     """Each member selected on its own (its split, dedup and cap), then joined and
     shuffled by the run's seed so batches hold every source."""

@@ -47,17 +47,25 @@ class DataSummary(Counter):
                 + (f" ({kept})" if kept else "") + f"; skipped: {skipped}{speed}")
 
 
-def require_file(path: str | None) -> Path:
+def require_file(path: str | None, field: str = "data.path") -> Path:
     p = Path(path or "").expanduser()
+    if p.is_dir():
+        raise SpecftError(f"{field}: {path} is a directory; give the data file itself")
     if not p.is_file():
-        raise SpecftError(f"data.path: no such file: {path}")
+        raise SpecftError(f"{field}: no such file: {path}")
     return p
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def read_lines(path: Path, summary: DataSummary) -> Iterator[str]:
-    """Lines decoded as strict UTF-8; undecodable lines are counted and skipped."""
+    """Lines decoded as strict UTF-8 (a leading byte-order mark dropped, as editors on
+    Windows write one); undecodable lines are counted and skipped."""
     with open(path, "rb") as f:
-        for raw in f:
+        for n, raw in enumerate(f):
+            if n == 0 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM):]
             if not raw.strip():
                 continue
             try:

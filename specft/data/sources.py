@@ -24,6 +24,8 @@ from specft.registry import Registry
 
 # A source yields a conversation, or a string naming why a record held none.
 DATA_SOURCES: Registry = Registry("data source")
+# Sources that read the local file data.path (checked before a command writes anything).
+FILE_SOURCES = frozenset({"jsonl", "sharegpt", "gsm8k", "mtbench", "ceval"})
 
 
 @DATA_SOURCES.register("synthetic")

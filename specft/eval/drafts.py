@@ -13,21 +13,39 @@ from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft
 from specft.errors import SpecftError
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(path: str | Path, field: str = "eval.drafts") -> Path:
     """A run dir, its checkpoints/ folder, or a checkpoint folder itself."""
     p = Path(path).expanduser()
     for candidate in (p, p / "final", p / "checkpoints" / "final"):
         if (candidate / "draft.safetensors").exists() and (candidate / "draft_config.json").exists():
             return candidate.resolve()
-    raise SpecftError(f"eval.drafts: no draft checkpoint (draft.safetensors + draft_config.json) at {path}")
+    raise SpecftError(f"{field}: no draft checkpoint (draft.safetensors + draft_config.json) at {path}")
 
 
-def load_draft(path: str | Path, dtype: torch.dtype = torch.float32):
+def _read_checkpoint(folder: Path, field: str) -> tuple[dict, dict]:
+    """(draft_config.json, tensors); a damaged file is one line naming it."""
+    from safetensors import SafetensorError
+
+    name = "draft_config.json"
+    try:
+        meta = json.loads((folder / name).read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        name = "draft.safetensors"
+        return meta, load_file(str(folder / name))
+    except (OSError, ValueError, SafetensorError) as err:
+        raise SpecftError(f"{field}: {folder / name} is damaged or unreadable ({str(err).splitlines()[0]}); "
+                          "re-export it from the run's checkpoints or train again") from None
+
+
+def load_draft(path: str | Path, dtype: torch.dtype = torch.float32, field: str = "eval.drafts"):
     """(draft module in eval mode, its draft_config.json as a dict)."""
-    folder = resolve_checkpoint(path)
-    meta = json.loads((folder / "draft_config.json").read_text())
-    c = Eagle3Config(**{f.name: meta[f.name] for f in fields(Eagle3Config) if f.name in meta})
-    state = load_file(str(folder / "draft.safetensors"))
+    folder = resolve_checkpoint(path, field)
+    meta, state = _read_checkpoint(folder, field)
+    try:
+        c = Eagle3Config(**{f.name: meta[f.name] for f in fields(Eagle3Config) if f.name in meta})
+    except TypeError as err:
+        raise SpecftError(f"{field}: {folder / 'draft_config.json'} is incomplete ({err})") from None
     vd, v = c.draft_vocab_size, c.target_vocab_size
     placeholder_vocab = torch.arange(vd)
     arch = meta.get("architecture", "eagle3")
@@ -36,15 +54,19 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32):
     elif arch == "mtp":
         draft = MtpDraft(c, torch.zeros(v, c.hidden_size), placeholder_vocab, torch.zeros(vd, c.hidden_size))
     else:
-        raise SpecftError(f"eval.drafts: {folder} holds an unknown architecture {arch!r}")
+        raise SpecftError(f"{field}: {folder} holds an unknown architecture {arch!r}")
     if meta.get("draft_quant"):
         from specft.draft.qat import apply_draft_qat
         from specft.quant.spec import load_quant_config
 
         apply_draft_qat(draft, load_quant_config(meta["draft_quant"], "draft_quant"))
-    missing, unexpected = draft.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = draft.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # a tensor of another shape than its config says
+        raise SpecftError(f"{field}: {folder} does not match its config ({str(err).splitlines()[1].strip()})") \
+            from None
     if missing or unexpected:
-        raise SpecftError(f"eval.drafts: {folder} does not match its config (missing {missing[:3]}, "
+        raise SpecftError(f"{field}: {folder} does not match its config (missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]})")
     return draft.to(dtype).eval(), meta
 

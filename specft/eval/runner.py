@@ -62,16 +62,25 @@ def _load_drafts(cfg: RootConfig, dtype) -> list[tuple[str, object, dict]]:
     paths = e.drafts or [str(Path(cfg.run_dir) / "checkpoints" / "final")]
     labels = e.labels or [resolve_checkpoint(p).parent.parent.name for p in paths]
     out = []
-    expected_ids = aux_layer_ids(cfg.model)
     for label, path in zip(labels, paths):
         draft, meta = load_draft(path, dtype)
-        if meta.get("target_hidden_size", cfg.model.hidden_size) != cfg.model.hidden_size or \
-                meta.get("aux_layer_ids", expected_ids) != expected_ids:
-            raise SpecftError(f"eval.drafts: {path} was trained for another target ({meta.get('target_model')}, "
-                              f"aux layers {meta.get('aux_layer_ids')}); this target is {cfg.model.name} "
-                              f"with aux layers {expected_ids}")
+        check_draft_matches_target(meta, cfg, str(path))
         out.append((label, draft, meta))
     return out
+
+
+def check_draft_matches_target(meta: dict, cfg: RootConfig, path: str) -> None:
+    """A draft meets only the target it was trained for: same model, width, aux layers and
+    vocabulary (its quant may differ: that is the 16-bit baseline's case)."""
+    m = cfg.model
+    facts = [("model", meta.get("target_model"), m.name),
+             ("hidden size", meta.get("target_hidden_size"), m.hidden_size),
+             ("aux layers", meta.get("aux_layer_ids"), aux_layer_ids(m)),
+             ("vocabulary", meta.get("target_vocab_size"), m.vocab_size)]
+    for what, trained, here in facts:
+        if trained is not None and trained != here:
+            raise SpecftError(f"eval.drafts: {path} was trained for another target ({what} {trained}; "
+                              f"this target, model={m.name}, has {here})")
 
 
 def _decode_all(decoder: SpecDecoder, prompts, k: int, batch: int, cfg: RootConfig):
@@ -132,9 +141,9 @@ def run_eval(cfg: RootConfig) -> Path:
     e = cfg.eval
     out_dir = Path(e.out_dir or Path(cfg.run_dir) / "eval").expanduser().resolve()
     dtype = DTYPES[e.dtype]
+    drafts = _load_drafts(cfg, dtype)  # first: a wrong or damaged draft fails before any work
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg, tokenizer)
-    drafts = _load_drafts(cfg, dtype)
     target = load_quantized_target(cfg, prompts, dtype)
     eos = stop_token_ids(tokenizer, target)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -66,19 +67,20 @@ def _sixteen_bit(tensors: dict, dtype: torch.dtype) -> dict:
 
 
 def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eagle3", quant: str = "auto",
-                 target_head: str | None = None, dtype: str = "bfloat16") -> Path:
+                 target_head: str | None = None, dtype: str = "bfloat16", overwrite: bool = False) -> Path:
     from specft.eval.drafts import load_draft, resolve_checkpoint
 
-    folder = resolve_checkpoint(checkpoint)
+    folder = resolve_checkpoint(checkpoint, "checkpoint")
+    out = _check_out_dir(Path(out_dir).expanduser(), overwrite)
     if quant not in QUANT_KINDS:
         raise SpecftError(f"--quant: unknown value {quant!r}; allowed: {', '.join(QUANT_KINDS)}")
+    draft, _ = load_draft(folder, field="checkpoint")  # a damaged checkpoint is one line, first
     meta = _meta(folder)
     arch = meta.get("architecture", "eagle3")
     fmt = LAYOUTS.get(layout, "--layout")()
     if (arch == "mtp") != (layout == "mtp"):
         raise SpecftError(f"--layout {layout}: the checkpoint holds an {arch} draft; "
                           f"use --layout {'mtp' if arch == 'mtp' else 'eagle3 or speculators'}")
-    draft, _ = load_draft(folder)
     state = {k: v.detach() for k, v in draft.state_dict().items()}
     meta.update(num_layers=meta.get("num_layers", 1),
                 learned_embedding=meta["hidden_size"] != meta.get("target_hidden_size", meta["hidden_size"]))
@@ -95,13 +97,43 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eag
     config["specft"] = {"source_checkpoint": str(folder), "architecture": arch, "layout": layout,
                         "aux_layer_ids_specft": meta["aux_layer_ids"], "quant": kind or "none",
                         "target_model": meta.get("target_model"), "target_quant": meta.get("quant")}
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(_sixteen_bit(tensors, torch_dtype), str(out / "model.safetensors"),
-              metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    _write_export(out, _sixteen_bit(tensors, torch_dtype), config)
     log.info("export: %s layout, %s weights, %d tensors -> %s", layout, kind or dtype, len(tensors), out)
     return out
+
+
+EXPORT_FILES = ("model.safetensors", "config.json")
+
+
+def _check_out_dir(out: Path, overwrite: bool) -> Path:
+    """Refuse, before any work, an output that is a file, is not writable, or holds other
+    files (unless ``overwrite``)."""
+    if out.exists() and not out.is_dir():
+        raise SpecftError(f"out_dir: {out} is a file; give a directory to write the export into")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        names = sorted(p.name for p in out.iterdir())
+        raise SpecftError(f"out_dir: {out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
+                          "give a new directory, or --overwrite to replace its export files")
+    parent = out if out.is_dir() else next((p for p in out.parents if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecftError(f"out_dir: {parent} is not writable")
+    return out
+
+
+def _write_export(out: Path, tensors: dict, config: dict) -> None:
+    """Each file written beside its final name, then renamed (a failed export leaves the
+    old files whole); readable by every user (safetensors writes 0600), as a server running
+    as another user must read them."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = {name: out / f".{name}.tmp" for name in EXPORT_FILES}
+        save_file(tensors, str(tmp["model.safetensors"]), metadata={"format": "pt"})
+        tmp["config.json"].write_text(json.dumps(config, indent=2))
+        for name, path in tmp.items():
+            os.chmod(path, 0o644)
+            os.replace(path, out / name)
+    except OSError as err:
+        raise SpecftError(f"out_dir: cannot write {out}: {err.strerror or err}") from None
 
 
 def _linear_names(draft, exported: dict, state: dict) -> set[str]:

@@ -77,7 +77,9 @@ class SpecDecoder:
         stats = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k)
         out: list[list[int]] = [[] for _ in prompts]
         t0 = time.perf_counter()
-        state = self._prefill(prompts, s, gen, device, room=max_new_tokens * (k + 1))
+        # Room for every new token plus one round's pending columns; rejected drafts that
+        # other rows keep leave holes, and the cache grows past the room when they add up.
+        state = self._prefill(prompts, s, gen, device, room=max_new_tokens + k + 1)
         stats.prefill_s = time.perf_counter() - t0
         stats.prefill_tokens = sum(len(p) for p in prompts)
         live = self._emit(out, state.rows, state.last[:, None], torch.ones_like(state.last), max_new_tokens)

@@ -33,7 +33,10 @@ class InPlaceLayer(DynamicLayer):
         self._keys = self._values = None
 
     def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
-        capacity = max(needed + self.room, 2 * (self._keys.shape[-2] if self._keys is not None else 0))
+        # The first write allocates its own columns plus the room; a later overflow grows
+        # by half (copies stay a small multiple of the final size, memory within 1.5x).
+        current = self._keys.shape[-2] if self._keys is not None else 0
+        capacity = needed + self.room if not current else max(needed, current + current // 2)
         old = (self._keys, self._values)
         self._keys = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
         self._values = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
@@ -86,6 +89,9 @@ class InPlaceLayer(DynamicLayer):
         self.length = 0
         self._keys = self._values = None
 
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self._keys, self._values) if t is not None)
+
 
 class InPlaceCache(Cache):
     """A Cache of InPlaceLayer, one added per layer index as the model first writes it
@@ -94,3 +100,7 @@ class InPlaceCache(Cache):
 
     def __init__(self, room: int = 256):
         super().__init__(layer_class_to_replicate=functools.partial(InPlaceLayer, room))
+
+    def allocated_bytes(self) -> int:
+        """What the buffers hold in memory (filled or not): the KV cache's real footprint."""
+        return sum(layer.allocated_bytes() for layer in self.layers if isinstance(layer, InPlaceLayer))

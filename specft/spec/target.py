@@ -76,9 +76,5 @@ class TargetRunner:
         self.mask, self.next_pos, self.pending = self.mask[rows], self.next_pos[rows], self.pending[rows]
 
     def kv_bytes(self) -> int:
-        total = 0
-        for layer in self.cache.layers:
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total
+        """Bytes the KV cache holds: its allocated buffers, room ahead included."""
+        return self.cache.allocated_bytes()

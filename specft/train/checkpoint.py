@@ -9,6 +9,7 @@ resolved config.yaml, so eval and export never need DeepSpeed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import asdict
@@ -20,6 +21,7 @@ from safetensors.torch import save_file
 from specft.cache.manifest import atomic_write_json
 from specft.launch import barrier
 
+log = logging.getLogger(__name__)
 LATEST = "latest"
 
 
@@ -27,12 +29,25 @@ def step_tag(step: int) -> str:
     return f"step-{step:07d}"
 
 
+def step_tags(ckpt_root: Path) -> list[str]:
+    """Finished step checkpoints, newest first (each is renamed into place whole)."""
+    return sorted((p.name for p in ckpt_root.glob("step-*") if p.is_dir()), reverse=True)
+
+
 def latest_tag(ckpt_root: Path) -> str | None:
+    """The tag ``latest`` names; the newest step checkpoint when the pointer is damaged."""
     path = ckpt_root / LATEST
     if not path.exists():
         return None
-    tag = path.read_text().strip()
-    return tag if (ckpt_root / tag).is_dir() else None
+    try:
+        tag = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        tag = ""
+    if tag and "/" not in tag and (ckpt_root / tag).is_dir():
+        return tag
+    fallback = next(iter(step_tags(ckpt_root)), None)
+    log.warning("checkpoints: %s is damaged (%r); using the newest step checkpoint, %s", path, tag[:40], fallback)
+    return fallback
 
 
 def consolidated_state(draft) -> dict[str, torch.Tensor]:

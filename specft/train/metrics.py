@@ -9,14 +9,23 @@ from pathlib import Path
 from specft.config import LoggerConfig
 
 
+def _record(line: str) -> dict | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
 class JsonlSink:
     def __init__(self, path: Path, resume_step: int):
         self.path = path
         # Drop lines logged after the checkpoint we resume from: the resumed run logs
         # those steps again.
+        # A line cut short by a kill (or otherwise unreadable) is dropped, not fatal.
         if path.exists():
-            kept = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            kept = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
+                    if (rec := _record(ln)) is not None and rec.get("step", 0) <= resume_step]
             path.write_text("".join(ln + "\n" for ln in kept))
         self._f = open(path, "a")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from specft.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     save_final,
+    step_tags,
 )
 from specft.train.losses import MixtureLoss
 from specft.train.metrics import MetricsLogger
@@ -135,6 +137,7 @@ class Trainer:
                      self.head.rows.numel() * self.head.rows.element_size() / 2**20)
         self.engine = _make_engine(cfg, draft)
         self.loss_fn = MixtureLoss(cfg.loss.terms or {cfg.loss.name: 1.0})
+        self._loss_label = " + ".join(cfg.loss.terms or [cfg.loss.name])
         self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
         self.sampler = StepSampler(len(self.train_idx), cfg.seed, cfg.trainer.micro_batch_size,
                                    cfg.trainer.grad_accum, rank, world_size)
@@ -145,12 +148,24 @@ class Trainer:
                              "target_hidden_size": cfg.model.hidden_size}
 
     def _resume(self) -> int:
+        """The step to start from: the latest checkpoint's, or an older one's when the
+        latest cannot be read (a truncated DeepSpeed state), named in a warning."""
         tag = latest_tag(self.ckpt_root) if self.cfg.trainer.resume else None
         if tag is None:
             return 0
-        step = load_checkpoint(self.engine, self.ckpt_root, tag, self.rank)
-        log.info("resumed from %s (step %d)", self.ckpt_root / tag, step)
-        return step
+        tags = [tag] + [t for t in step_tags(self.ckpt_root) if t < tag]
+        for i, candidate in enumerate(tags):
+            try:
+                step = load_checkpoint(self.engine, self.ckpt_root, candidate, self.rank)
+            except Exception as err:  # DeepSpeed / torch.load raise many kinds on a damaged file
+                log.warning("checkpoints: %s cannot be loaded (%s: %s)%s", self.ckpt_root / candidate,
+                            type(err).__name__, str(err).splitlines()[0][:120] if str(err) else "",
+                            "; trying the previous one" if i + 1 < len(tags) else "")
+                continue
+            log.info("resumed from %s (step %d)", self.ckpt_root / candidate, step)
+            return step
+        raise SpecftError(f"trainer.resume: no checkpoint in {self.ckpt_root} can be loaded; "
+                          "trainer.resume=false trains from scratch")
 
     def _fetch(self, index: int, step: int | None) -> dict:
         """One cached sample; while training with trainer.mix_quant, a seeded share of
@@ -196,11 +211,39 @@ class Trainer:
         record["accept_len"] = acceptance_length([record[f"acc_{j}"] for j in range(k) if f"acc_{j}" in record])
         return record
 
+    def _stop_if_not_finite(self, what: str, bad: bool, step: int, detail: str, samples: list[int]) -> None:
+        """Every rank stops together (one rank's NaN would reach all through the gradient
+        all-reduce) before the optimizer step, so the last checkpoint stays the last good one."""
+        if _sum_across_ranks(int(bad), self.world_size) == 0:
+            return
+        latest = latest_tag(self.ckpt_root)
+        where = f"; the last good checkpoint is {self.ckpt_root / latest} (latest)" if latest else \
+            "; no checkpoint was written yet"
+        inputs = ""
+        if bad and self._inputs_not_finite(samples):
+            inputs = f"; the cached features of samples {samples} hold NaN/Inf (check the cache: specft info --verify)"
+        raise SpecftError(f"training stopped at step {step + 1}: {what} is not finite{detail}{where}{inputs}")
+
+    def _inputs_not_finite(self, samples: list[int]) -> bool:
+        batch = [self.reader[i] for i in samples]
+        return any(not torch.isfinite(s[k]).all() for s in batch for k in ("aux_hidden", "final_hidden") if k in s)
+
+    def _grads_finite(self) -> bool:
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return all(torch.isfinite(g).all() for g in grads)
+
     def _train_step(self, step: int) -> dict:
         results, tokens = [], 0
         for indices in self.sampler.micro_batches(step):
-            res, n = self._forward([self.train_idx[i] for i in indices], step)
+            samples = [self.train_idx[i] for i in indices]
+            res, n = self._forward(samples, step)
+            bad_steps = [j for j, v in enumerate(res.step_losses) if not math.isfinite(v)]
+            loss_bad = not torch.isfinite(res.loss.detach()).all().item()
+            self._stop_if_not_finite("the loss", loss_bad, step,
+                                     f" (TTT step {bad_steps[0]}, loss {self._loss_label})" if bad_steps else "",
+                                     samples)
             self.engine.backward(res.loss)
+            self._stop_if_not_finite("a gradient", not self._grads_finite(), step, "", samples)
             self.engine.step()
             results.append(res)
             tokens += n

@@ -1,0 +1,77 @@
+"""A run directory's config.yaml: checked before anything is written, written atomically.
+
+A command that is refused must leave a finished run as it was, and a resumed run must be
+the run its checkpoints came from: resuming with settings that change the draft (its
+shape, TTT steps, loss, data, target) would silently train a different draft on top of
+the old one. Only the fields in RESUME_SAFE may differ from the stored config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specft.errors import SpecftError
+
+# Prefixes (whole groups) and fields that may change between a run and its resumption:
+# where and how long it runs, how it logs and evaluates; nothing that changes the draft.
+RESUME_SAFE = (
+    "meta", "run_dir", "eval", "logger", "plan",
+    "trainer.max_steps", "trainer.save_every", "trainer.keep_last", "trainer.log_every",
+    "trainer.val_every", "trainer.val_batches", "trainer.resume", "trainer.nproc", "trainer.hostfile",
+    "trainer.num_nodes", "cache.root", "cache.dir", "cache.batch_size", "cache.sharding", "cache.tp_size",
+)
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _safe(key: str) -> bool:
+    return any(key == s or key.startswith(s + ".") for s in RESUME_SAFE)
+
+
+def resume_conflicts(stored: dict, current: dict) -> list[str]:
+    """Fields set in both configs whose values differ and that resuming cannot change."""
+    a, b = _flatten(stored), _flatten(current)
+    return [f"{k}: the run has {a[k]!r}, this command has {b[k]!r}"
+            for k in sorted(set(a) & set(b)) if a[k] != b[k] and not _safe(k)]
+
+
+def check_resume(run_dir: Path, current: dict) -> None:
+    """Refuse to resume a run with checkpoints under settings that change its draft."""
+    path = run_dir / "config.yaml"
+    checkpoints = run_dir / "checkpoints"
+    if not (current.get("trainer") or {}).get("resume", True) or not path.is_file():
+        return
+    if not checkpoints.is_dir() or not any(checkpoints.iterdir()):
+        return
+    try:
+        stored = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        stored = None
+    if not isinstance(stored, dict):
+        raise SpecftError(f"run_dir: {path} is damaged; the run's checkpoints cannot be matched to a config "
+                          "(give another run dir, or trainer.resume=false to train from scratch there)")
+    conflicts = resume_conflicts(stored, current)
+    if conflicts:
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        raise SpecftError(f"trainer.resume: {run_dir} was trained with other settings: {conflicts[0]}{more}; "
+                          "resuming may change only where and how long it runs (e.g. trainer.max_steps); "
+                          "use another run dir (hydra.run.dir=...) or trainer.resume=false")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write beside the final name, then rename: a reader sees the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
