@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from specft.errors import SpecftError
+from specft.nested import flatten
 
 # Prefixes (whole groups) and fields that may change between a run and its resumption:
 # where and how long it runs, how it logs and evaluates; nothing that changes the draft.
@@ -26,22 +26,13 @@ RESUME_SAFE = (
 )
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def _safe(key: str) -> bool:
     return any(key == s or key.startswith(s + ".") for s in RESUME_SAFE)
 
 
 def resume_conflicts(stored: dict, current: dict) -> list[str]:
     """Fields set in both configs whose values differ and that resuming cannot change."""
-    a, b = _flatten(stored), _flatten(current)
+    a, b = flatten(stored), flatten(current)
     return [f"{k}: the run has {a[k]!r}, this command has {b[k]!r}"
             for k in sorted(set(a) & set(b)) if a[k] != b[k] and not _safe(k)]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specft.errors import SpecftError
+from specft.nested import flatten
 
 CACHE_VERSION = 1
 MANIFEST = "manifest.json"
@@ -48,17 +49,8 @@ def provenance_hash(provenance: dict) -> str:
     return hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def provenance_diff(stored: dict, current: dict) -> list[str]:
-    a, b = _flatten(stored), _flatten(current)
+    a, b = flatten(stored), flatten(current)
     return [f"{k}: cache has {a.get(k)!r}, this run has {b.get(k)!r}"
             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
