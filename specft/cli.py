@@ -98,7 +98,7 @@ def compose(overrides: list[str]) -> DictConfig:
     register_schema()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         try:
-            return hydra_compose("config", overrides=overrides)
+            return hydra_compose("config", overrides=_dict_overrides_merge(overrides))
         except Exception as err:
             cause = err.__cause__
             detail = f" ({str(cause).splitlines()[0]})" if cause else ""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from specft.cache.integrity import drop_damaged
 from specft.cache.manifest import atomic_write_json
 from specft.cache.reader import CacheReader
 from specft.cache.writer import (
     CacheWriter,
     build_provenance,
     cache_is_complete,
-    drop_damaged,
     merge_manifest,
     resolve_cache_dir,
     save_side_files,

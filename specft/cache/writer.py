@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from specft.cache.integrity import file_record, find_damage
+from specft.cache.integrity import file_record
 from specft.cache.manifest import (
     CACHE_VERSION,
     MANIFEST,
@@ -74,46 +74,6 @@ def shard_name(rank: int, index: int) -> str:
 
 def progress_path(cache_dir: Path, rank: int) -> Path:
     return cache_dir / f"progress-r{rank:03d}.json"
-
-
-def drop_damaged(cache_dir: Path, verify: bool = False) -> list[str]:
-    """Before a cache is reused (rank 0 only): find what is damaged in a complete cache
-    (or an unreadable manifest / progress file) and forget it, so that the build that
-    follows redoes only that: damaged shards leave their rank's progress file and the
-    disk, damaged side files are deleted (they are rebuilt at the end of every build),
-    and the manifest goes (it is merged again). Returns the damaged names."""
-    manifest_path = cache_dir / MANIFEST
-    bad = []
-    for progress in sorted(cache_dir.glob("progress-r*.json")):
-        try:
-            read_json(progress)
-        except SpecftError:
-            bad.append(progress.name)
-            progress.unlink()  # its rank's shards are redone
-    if not manifest_path.exists():
-        return bad
-    try:
-        manifest = read_json(manifest_path)
-        damage = find_damage(cache_dir, manifest, verify) if manifest.get("complete") else []
-    except SpecftError:
-        manifest, damage = None, []
-        bad.append(MANIFEST)
-    for d in damage:
-        log.warning("cache: %s is damaged (%s)", cache_dir / d.file, d.why)
-        bad.append(d.file)
-    if not bad:
-        return bad
-    shard_names = {d.file for d in damage}
-    for progress in sorted(cache_dir.glob("progress-r*.json")):
-        state = read_json(progress)
-        kept = [s for s in state["shards"] if s["file"] not in shard_names]
-        if len(kept) != len(state["shards"]):
-            atomic_write_json(progress, {**state, "shards": kept})
-    for name in bad:
-        (cache_dir / name).unlink(missing_ok=True)
-    manifest_path.unlink(missing_ok=True)
-    log.warning("cache: %d damaged file(s) in %s (%s); rebuilding only those", len(bad), cache_dir, ", ".join(bad))
-    return bad
 
 
 def cache_is_complete(cache_dir: Path, provenance: dict) -> bool:

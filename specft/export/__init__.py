@@ -16,14 +16,17 @@ from safetensors.torch import load_file, save_file
 from specft.errors import SpecftError
 from specft.export.layouts import LAYOUTS
 from specft.export.packing import PACKERS, compressed_tensors_config
+from specft.paths import require_writable_dir
 
 log = logging.getLogger(__name__)
 
 QUANT_KINDS = ("none", "auto", "fp8", "mxfp4")
 
 
-def _meta(folder: Path) -> dict:
-    meta = json.loads((folder / "draft_config.json").read_text())
+def _meta(folder: Path, draft_config: dict) -> dict:
+    """The checkpoint's draft_config.json (as load_draft read it) plus the target's depth
+    from the run config beside it."""
+    meta = dict(draft_config)
     run = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
     meta["target_num_layers"] = (run.get("model") or {}).get("num_layers")
     return meta
@@ -74,8 +77,8 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eag
     out = _check_out_dir(Path(out_dir).expanduser(), overwrite)
     if quant not in QUANT_KINDS:
         raise SpecftError(f"--quant: unknown value {quant!r}; allowed: {', '.join(QUANT_KINDS)}")
-    draft, _ = load_draft(folder, field="checkpoint")  # a damaged checkpoint is one line, first
-    meta = _meta(folder)
+    draft, draft_config = load_draft(folder, field="checkpoint")  # a damaged checkpoint is one line, first
+    meta = _meta(folder, draft_config)
     arch = meta.get("architecture", "eagle3")
     fmt = LAYOUTS.get(layout, "--layout")()
     if (arch == "mtp") != (layout == "mtp"):
@@ -108,15 +111,11 @@ EXPORT_FILES = ("model.safetensors", "config.json")
 def _check_out_dir(out: Path, overwrite: bool) -> Path:
     """Refuse, before any work, an output that is a file, is not writable, or holds other
     files (unless ``overwrite``)."""
-    if out.exists() and not out.is_dir():
-        raise SpecftError(f"out_dir: {out} is a file; give a directory to write the export into")
+    require_writable_dir(out, "out_dir")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         names = sorted(p.name for p in out.iterdir())
         raise SpecftError(f"out_dir: {out} is not empty ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); "
                           "give a new directory, or --overwrite to replace its export files")
-    parent = out if out.is_dir() else next((p for p in out.parents if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SpecftError(f"out_dir: {parent} is not writable")
     return out
 
 

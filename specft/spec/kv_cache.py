@@ -5,7 +5,7 @@ whole cache of every layer at every step: at batch 16 and ~330 positions that is
 per layer and step, a large share of a small model's decode step on CPU. Here each layer
 keeps a buffer with room ahead; a step writes its columns into the room and the layer
 exposes views of the filled part, so a step copies only its own columns. The buffer
-grows by doubling when the room runs out, so no length has to be known up front
+grows by half when the room runs out, so no length has to be known up front
 (speculative decoding leaves rejected columns as holes, so the final length depends on
 acceptance). The values attention reads are the same as with DynamicCache.
 """

@@ -211,39 +211,37 @@ class Trainer:
         record["accept_len"] = acceptance_length([record[f"acc_{j}"] for j in range(k) if f"acc_{j}" in record])
         return record
 
-    def _stop_if_not_finite(self, what: str, bad: bool, step: int, detail: str, samples: list[int]) -> None:
-        """Every rank stops together (one rank's NaN would reach all through the gradient
-        all-reduce) before the optimizer step, so the last checkpoint stays the last good one."""
-        if _sum_across_ranks(int(bad), self.world_size) == 0:
+    def _stop_if_not_finite(self, res: StepResult, step: int, samples: list[int]) -> None:
+        """After backward, before the optimizer step: a NaN/Inf loss or gradient on any
+        rank stops every rank (one all-reduce; a rank's NaN would reach all through the
+        gradient all-reduce), so the last checkpoint stays the last good one."""
+        loss_bad = not math.isfinite(res.loss.item())
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        grad_bad = bool(grads) and not math.isfinite(torch.nn.utils.get_total_norm(grads).item())
+        if _sum_across_ranks(int(loss_bad or grad_bad), self.world_size) == 0:
             return
+        bad_steps = [j for j, v in enumerate(res.step_losses) if not math.isfinite(v)]
+        what = ("the loss" + (f" (TTT step {bad_steps[0]}, loss {self._loss_label})" if bad_steps else "")
+                if loss_bad else "a gradient" if grad_bad else "the loss or a gradient on another rank")
         latest = latest_tag(self.ckpt_root)
         where = f"; the last good checkpoint is {self.ckpt_root / latest} (latest)" if latest else \
             "; no checkpoint was written yet"
         inputs = ""
-        if bad and self._inputs_not_finite(samples):
+        if (loss_bad or grad_bad) and self._inputs_not_finite(samples):
             inputs = f"; the cached features of samples {samples} hold NaN/Inf (check the cache: specft info --verify)"
-        raise SpecftError(f"training stopped at step {step + 1}: {what} is not finite{detail}{where}{inputs}")
+        raise SpecftError(f"training stopped at step {step + 1}: {what} is not finite{where}{inputs}")
 
     def _inputs_not_finite(self, samples: list[int]) -> bool:
         batch = [self.reader[i] for i in samples]
         return any(not torch.isfinite(s[k]).all() for s in batch for k in ("aux_hidden", "final_hidden") if k in s)
-
-    def _grads_finite(self) -> bool:
-        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-        return all(torch.isfinite(g).all() for g in grads)
 
     def _train_step(self, step: int) -> dict:
         results, tokens = [], 0
         for indices in self.sampler.micro_batches(step):
             samples = [self.train_idx[i] for i in indices]
             res, n = self._forward(samples, step)
-            bad_steps = [j for j, v in enumerate(res.step_losses) if not math.isfinite(v)]
-            loss_bad = not torch.isfinite(res.loss.detach()).all().item()
-            self._stop_if_not_finite("the loss", loss_bad, step,
-                                     f" (TTT step {bad_steps[0]}, loss {self._loss_label})" if bad_steps else "",
-                                     samples)
             self.engine.backward(res.loss)
-            self._stop_if_not_finite("a gradient", not self._grads_finite(), step, "", samples)
+            self._stop_if_not_finite(res, step, samples)
             self.engine.step()
             results.append(res)
             tokens += n
