@@ -163,9 +163,7 @@ def _rowwise_float32(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     the same operations as the general path (amax, the scale, divide, round, rescale)
     with no clip mask and no extra copies. This is every linear input of an
     FP8-activation target at every decode step."""
-    amax = x.abs().amax(dim=-1, keepdim=True)
-    amax = torch.nan_to_num(amax, nan=0.0, posinf=torch.finfo(x.dtype).max)
-    scale = _nonzero(amax / fmt.max_value)
+    scale = _absmax_scale(x, (-1,), None, fmt, x)
     return fmt.round_float32(torch.div(x, scale)).mul_(scale)
 
 

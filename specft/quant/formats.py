@@ -31,8 +31,6 @@ class FloatFormat:
     mbits: int
     bias: int
     max_value: float
-    # torch's own dtype for this format, if any (export packs into it).
-    native: torch.dtype | None = None
 
     @property
     def min_normal_exp(self) -> int:
@@ -139,10 +137,8 @@ class IntFormat:
 ElementFormat = FloatFormat | HiF8Format | IntFormat
 
 ELEMENT_FORMATS: dict[str, ElementFormat] = {
-    "e4m3": FloatFormat("e4m3", ebits=4, mbits=3, bias=7, max_value=448.0,
-                        native=getattr(torch, "float8_e4m3fn", None)),
-    "e5m2": FloatFormat("e5m2", ebits=5, mbits=2, bias=15, max_value=57344.0,
-                        native=getattr(torch, "float8_e5m2", None)),
+    "e4m3": FloatFormat("e4m3", ebits=4, mbits=3, bias=7, max_value=448.0),
+    "e5m2": FloatFormat("e5m2", ebits=5, mbits=2, bias=15, max_value=57344.0),
     "e2m1": FloatFormat("e2m1", ebits=2, mbits=1, bias=1, max_value=6.0),
     "hif8": HiF8Format(),
     "int8": IntFormat("int8", bits=8),
