@@ -20,12 +20,12 @@ H, V, VD, LAYERS = 64, 96, 48, 6
 AUX = [1, 2, 3]
 
 
-def _checkpoint(tmp_path, arch="eagle3", draft_quant=None, full_vocab=False):
+def _checkpoint(tmp_path, arch="eagle3", draft_quant=None, full_vocab=False, qk_norm=False, verifier=None):
     torch.manual_seed(0)
     vd = V if full_vocab else VD
     c = Eagle3Config(hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
                      target_vocab_size=V, draft_vocab_size=vd, num_layers=2 if arch == "eagle3" else 1,
-                     target_hidden_size=H)
+                     target_hidden_size=H, qk_norm=qk_norm)
     d2t = torch.arange(V) if full_vocab else torch.sort(torch.randperm(V)[:VD]).values
     emb, head = torch.randn(V, H), torch.randn(V, H)
     draft = Eagle3Draft(c, emb, d2t) if arch == "eagle3" else MtpDraft(c, emb, d2t, head[d2t])
@@ -36,7 +36,7 @@ def _checkpoint(tmp_path, arch="eagle3", draft_quant=None, full_vocab=False):
     folder = tmp_path / "ckpt"
     folder.mkdir()
     extra = {"architecture": arch, "target_model": "tiny", "quant": "mxfp4", "draft_quant": draft_quant,
-             "aux_layer_ids": AUX, "target_hidden_size": H}
+             "aux_layer_ids": AUX, "target_hidden_size": H, **({"verifier": verifier} if verifier else {})}
     write_draft_files(folder, draft, extra, f"model:\n  num_layers: {LAYERS}\n")
     return folder, head
 
@@ -73,7 +73,7 @@ def rebuild_eagle3(config, tensors):
                      intermediate_size=config["intermediate_size"], target_vocab_size=config["vocab_size"],
                      draft_vocab_size=config["draft_vocab_size"], rms_norm_eps=config["rms_norm_eps"],
                      rope_theta=config["rope_theta"], num_layers=config["num_hidden_layers"],
-                     target_hidden_size=config["target_hidden_size"])
+                     target_hidden_size=config["target_hidden_size"], qk_norm=config["model_type"] == "qwen3")
     d2t = tensors["d2t"] + torch.arange(c.draft_vocab_size)
     draft = Eagle3Draft(c, torch.zeros(c.target_vocab_size, c.hidden_size), d2t)
     state = {}
@@ -114,9 +114,9 @@ def _activation_only(qcfg_name):
     return QuantConfig(name=q.name, weight=None, activation=q.activation, exclude=q.exclude)
 
 
-@pytest.mark.parametrize("draft_quant", [None, "fp8", "mxfp4"])
-def test_eagle3_round_trip_gives_identical_logits(tmp_path, draft_quant):
-    folder, _ = _checkpoint(tmp_path, draft_quant=draft_quant)
+@pytest.mark.parametrize("draft_quant,qk_norm", [(None, False), ("fp8", False), ("mxfp4", False), (None, True)])
+def test_eagle3_round_trip_gives_identical_logits(tmp_path, draft_quant, qk_norm):
+    folder, _ = _checkpoint(tmp_path, draft_quant=draft_quant, qk_norm=qk_norm)
     out = tmp_path / "export"
     run_cli(["export", str(folder), str(out), "--dtype", "float32"], cwd=tmp_path)
     config, tensors = read_export(out)
@@ -188,6 +188,25 @@ def test_fp8_layout_and_speculators_config(tmp_path):
         names = set(f.keys())
     assert "layers.0.self_attn.q_proj.weight" in names and "layers.1.mlp.up_proj.weight" in names
     assert not any(n.startswith("midlayer.") for n in names)
+
+
+def test_qwen3_layer_exports_in_both_layouts_with_its_verifier(tmp_path):
+    verifier = {"name_or_path": "/models/qwen3", "architectures": ["Qwen3ForCausalLM"],
+                "max_position_embeddings": 8192, "family": "qwen3"}
+    folder, _ = _checkpoint(tmp_path, qk_norm=True, verifier=verifier)
+    run_cli(["export", str(folder), str(tmp_path / "e"), "--dtype", "float32"], cwd=tmp_path)
+    config, tensors = read_export(tmp_path / "e")
+    assert config["architectures"] == ["Eagle3Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
+    assert config["max_position_embeddings"] == 8192 and config["attention_bias"] is False
+    assert "layers.1.self_attn.k_norm.weight" in tensors  # the round trip above checks the values
+
+    run_cli(["export", str(folder), str(tmp_path / "s"), "--layout", "speculators"], cwd=tmp_path)
+    spec = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert spec["speculators_config"]["verifier"] == {"name_or_path": "/models/qwen3",
+                                                      "architectures": ["Qwen3ForCausalLM"]}
+    layer = spec["transformer_layer_config"]
+    assert layer["architectures"] == ["Qwen3ForCausalLM"] and layer["model_type"] == "qwen3"
+    assert layer["max_position_embeddings"] == 8192
 
 
 def test_mtp_round_trip_and_deepseek_names(tmp_path):

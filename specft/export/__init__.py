@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from specft.errors import SpecftError
 from specft.export.layouts import LAYOUTS
 from specft.export.packing import PACKERS, compressed_tensors_config
+from specft.export.verifier import verifier_facts
 from specft.paths import require_writable_dir
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ def _meta(folder: Path, draft_config: dict) -> dict:
     meta = dict(draft_config)
     run = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").exists() else {}
     meta["target_num_layers"] = (run.get("model") or {}).get("num_layers")
+    meta["verifier"] = verifier_facts(folder, draft_config)
     return meta
 
 
@@ -99,7 +101,8 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eag
     config["torch_dtype"] = dtype
     config["specft"] = {"source_checkpoint": str(folder), "architecture": arch, "layout": layout,
                         "aux_layer_ids_specft": meta["aux_layer_ids"], "quant": kind or "none",
-                        "target_model": meta.get("target_model"), "target_quant": meta.get("quant")}
+                        "target_model": meta.get("target_model"), "target_quant": meta.get("quant"),
+                        "target_path": meta["verifier"]["name_or_path"]}
     _write_export(out, _sixteen_bit(tensors, torch_dtype), config)
     log.info("export: %s layout, %s weights, %d tensors -> %s", layout, kind or dtype, len(tensors), out)
     return out

@@ -24,13 +24,33 @@ from specft.registry import Registry
 LAYOUTS: Registry = Registry("export layout")
 
 
-def _llama_block(c: dict) -> dict:
-    return {"model_type": "llama", "hidden_size": c["hidden_size"], "intermediate_size": c["intermediate_size"],
-            "num_attention_heads": c["num_heads"], "num_key_value_heads": c["num_kv_heads"],
-            "head_dim": c["head_dim"], "num_hidden_layers": c["num_layers"], "hidden_act": "silu",
-            "rms_norm_eps": c["rms_norm_eps"], "rope_theta": c["rope_theta"],
-            "max_position_embeddings": c.get("max_position_embeddings", 32768),
-            "vocab_size": c["target_vocab_size"], "tie_word_embeddings": False}
+# The draft's decoder layer is a Llama layer, or a Qwen3 one when it has q/k norm:
+# (model_type, vLLM's EAGLE-3 architecture, the plain architecture of that layer).
+LAYER_KINDS = {
+    "llama": ("llama", "LlamaForCausalLMEagle3", "LlamaForCausalLM"),
+    "qwen3": ("qwen3", "Eagle3Qwen3ForCausalLM", "Qwen3ForCausalLM"),
+}
+DEFAULT_MAX_POSITIONS = 32768  # when nothing records the target's limit
+
+
+def layer_kind(meta: dict) -> str:
+    return "qwen3" if meta.get("qk_norm") else "llama"
+
+
+def _decoder_block(c: dict) -> dict:
+    """The HF config fields of the draft's decoder layer(s); the position limit follows
+    the target's (a draft cannot be asked for positions its verifier does not have)."""
+    block = {"model_type": LAYER_KINDS[layer_kind(c)][0], "hidden_size": c["hidden_size"],
+             "intermediate_size": c["intermediate_size"],
+             "num_attention_heads": c["num_heads"], "num_key_value_heads": c["num_kv_heads"],
+             "head_dim": c["head_dim"], "num_hidden_layers": c["num_layers"], "hidden_act": "silu",
+             "rms_norm_eps": c["rms_norm_eps"], "rope_theta": c["rope_theta"],
+             "max_position_embeddings": (c.get("verifier") or {}).get("max_position_embeddings")
+             or DEFAULT_MAX_POSITIONS,
+             "vocab_size": c["target_vocab_size"], "tie_word_embeddings": False}
+    if layer_kind(c) == "qwen3":
+        block["attention_bias"] = False
+    return block
 
 
 def vllm_aux_ids(meta: dict) -> list[int]:
@@ -38,9 +58,6 @@ def vllm_aux_ids(meta: dict) -> list[int]:
 
 
 def _eagle3_tensors(state: dict, meta: dict) -> dict[str, torch.Tensor]:
-    if meta.get("qk_norm"):
-        raise SpecftError("export: the eagle3 layout's decoder layer (Llama) has no q/k norm; "
-                          "train with draft.qk_norm=false to export it")
     out = {}
     for name, t in state.items():
         if name in ("draft_to_target",) or name.startswith("embed_tokens") and not meta["learned_embedding"]:
@@ -54,11 +71,9 @@ def _eagle3_tensors(state: dict, meta: dict) -> dict[str, torch.Tensor]:
 
 @LAYOUTS.register("eagle3")
 class Eagle3Layout:
-    architectures = ["LlamaForCausalLMEagle3"]
-
     def config(self, meta: dict) -> dict:
         ids = vllm_aux_ids(meta)
-        return {"architectures": self.architectures, **_llama_block(meta),
+        return {"architectures": [LAYER_KINDS[layer_kind(meta)][1]], **_decoder_block(meta),
                 "draft_vocab_size": meta["draft_vocab_size"], "target_hidden_size": meta["target_hidden_size"],
                 "eagle_aux_hidden_state_layer_ids": ids,
                 "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": ids}}
@@ -71,14 +86,15 @@ class Eagle3Layout:
 class SpeculatorsLayout:
     def config(self, meta: dict) -> dict:
         return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-                "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **_llama_block(meta)},
+                "transformer_layer_config": {"architectures": [LAYER_KINDS[layer_kind(meta)][2]],
+                                             **_decoder_block(meta)},
                 "draft_vocab_size": meta["draft_vocab_size"], "target_hidden_size": meta["target_hidden_size"],
                 "norm_before_residual": False,
                 "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(meta),
                 "speculators_config": {
                     "algorithm": "eagle3", "default_proposal_method": "greedy",
                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": meta.get("ttt_steps", 3)}],
-                    "verifier": {"name_or_path": meta.get("target_model"), "architectures": []}}}
+                    "verifier": _verifier(meta)}}
 
     def tensors(self, state: dict, meta: dict, target_head) -> dict[str, torch.Tensor]:
         # speculators' Eagle3DraftModel holds all decoder layers in one `layers` list.
@@ -86,10 +102,21 @@ class SpeculatorsLayout:
                 for k, v in _eagle3_tensors(state, meta).items()}
 
 
+def _verifier(meta: dict) -> dict:
+    """speculators' verifier block: where vLLM finds the target when it is given only the
+    export (`vllm serve EXPORT`)."""
+    v = meta.get("verifier") or {}
+    return {"name_or_path": v.get("name_or_path") or meta.get("target_model"),
+            "architectures": list(v.get("architectures") or [])}
+
+
 @LAYOUTS.register("mtp")
 class MtpLayout:
     def config(self, meta: dict) -> dict:
-        return {"architectures": ["DeepseekV3ForCausalLM"], **_llama_block(meta), "num_hidden_layers":
+        if meta.get("qk_norm"):
+            raise SpecftError("export: the mtp layout's decoder layer (DeepSeek-V3) has no q/k norm; "
+                              "train with draft.qk_norm=false to export it")
+        return {"architectures": ["DeepseekV3ForCausalLM"], **_decoder_block(meta), "num_hidden_layers":
                 meta["target_num_layers"], "num_nextn_predict_layers": 1,
                 "draft_vocab_size": meta["target_vocab_size"]}
 

@@ -124,7 +124,17 @@ def target_facts(cfg: ModelConfig, hf_config) -> dict:
         "vocab_size": hf_config.vocab_size,
         "rope_theta": float(theta),
         "rms_norm_eps": float(getattr(hf_config, "rms_norm_eps", 1e-6)),
+        # What an export tells a serving engine about its verifier.
+        "max_position_embeddings": getattr(hf_config, "max_position_embeddings", None),
+        "architectures": list(getattr(hf_config, "architectures", None) or []),
+        "name_or_path": _name_or_path(hf_config),
     }
+
+
+def _name_or_path(hf_config) -> str | None:
+    """Where the target was loaded from: an absolute directory, or the hub id."""
+    where = getattr(hf_config, "_name_or_path", None)
+    return str(Path(where).resolve()) if where and Path(where).is_dir() else where
 
 
 def checkpoint_fingerprint(cfg: ModelConfig) -> str:

@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 CONSOLE_EVERY = 10  # steps between console lines; metrics.jsonl gets every log_every
 
 
+def verifier_facts(target: dict) -> dict:
+    """What an export tells a serving engine about the target (caches built before these
+    facts were recorded lack them: export then finds them from the run's config)."""
+    keys = ("name_or_path", "architectures", "max_position_embeddings", "family")
+    return {k: target[k] for k in keys if target.get(k) is not None}
+
+
 def build_draft(cfg: RootConfig, reader: CacheReader):
     target = reader.manifest["target"]
     vocab = build_draft_vocab(reader.token_counts(), cfg.draft.vocab_size)
@@ -145,7 +152,8 @@ class Trainer:
         self.extra_config = {"architecture": cfg.draft.name, "target_model": cfg.model.name,
                              "quant": cfg.quant.name, "draft_quant": cfg.draft.quant,
                              "aux_layer_ids": self.reader.manifest["aux_layer_ids"],
-                             "target_hidden_size": cfg.model.hidden_size}
+                             "target_hidden_size": cfg.model.hidden_size,
+                             "verifier": verifier_facts(self.reader.manifest["target"])}
 
     def _resume(self) -> int:
         """The step to start from: the latest checkpoint's, or an older one's when the

@@ -1,0 +1,228 @@
+"""Does a real serving engine run specft's drafts the way `specft eval` measures them?
+
+For a trained draft and its target: export the draft (EAGLE-3 layout, float32), decode
+the same prompts greedily with specft's engine (the code `specft eval` runs, batch 1) and
+with vLLM (its own virtual environment, driven by scripts/vllm_worker.py), target alone
+and at each k, and print side by side: rounds, proposed / accepted, acceptance per
+position, acceptance length, whether each engine's speculative output equals its own
+target-alone output, where the two engines' target-alone outputs first differ, and
+throughput. Writes JSON (and the table) under --out.
+
+    python scripts/check_vllm.py RUN_DIR --vllm-python ~/vllm-venv/bin/python --ks 3 5
+    python scripts/check_vllm.py RUN_DIR --target-weights mxfp4   # W4A16: MXFP4-dequantized weights
+    python scripts/check_vllm.py RUN_DIR --layout speculators --auto-detect   # LLM(model=EXPORT)
+
+`--target-weights mxfp4` saves the target with specft's MXFP4 fake-quantized weights as
+an ordinary checkpoint, which both engines load: vLLM's CPU path cannot emulate FP8
+activations, so W-MXFP4/A16 is the quantized target both can run. vLLM needs the
+target's head_dim in its CPU attention's list (32, 64, 80, ...; the tests' tiny models
+use 16: build one with model.head_dim=32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import yaml
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "scripts" / "vllm_worker.py"
+
+
+def run_config(run_dir: Path, overrides: list[str]):
+    """The run's resolved config with ``overrides`` (dotlist) on top."""
+    from specft.config import to_schema
+
+    base = OmegaConf.create(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    return to_schema(OmegaConf.merge(base, OmegaConf.from_dotlist(overrides)))
+
+
+def save_mxfp4_weights(cfg, out: Path) -> Path:
+    """The target with MXFP4 weights (specft's fake quantization), activations 16-bit,
+    saved as a plain checkpoint (once)."""
+    from specft.quant import apply_quant
+    from specft.quant.spec import QuantConfig, load_quant_config
+    from specft.target import load_target
+
+    if (out / "config.json").exists():
+        return out
+    mx = load_quant_config("mxfp4")
+    model, tokenizer = load_target(cfg.model, dtype=torch.float32)
+    report = apply_quant(model, QuantConfig(name="mxfp4_w4a16", weight=mx.weight, activation=None, exclude=mx.exclude))
+    print(f"w4a16 target: {report.summary()}", flush=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: int) -> tuple[list, list[dict]]:
+    """(prompts, runs): specft's engine on the target at ``target_dir``, target alone then each
+    k, ``batch`` prompts at a time (after one untimed warm-up round)."""
+    from specft.config import aux_layer_ids
+    from specft.eval.drafts import load_draft, share_target_embedding
+    from specft.eval.runner import load_prompts
+    from specft.spec import SamplingConfig, SpecDecoder
+    from specft.spec.draft import DRAFT_RUNNERS
+    from specft.target import load_target
+    from specft.target.loader import stop_token_ids
+
+    model_cfg = replace(cfg.model, source="hf", path=str(target_dir), gguf_file=None)
+    target, tokenizer = load_target(model_cfg, dtype=torch.float32)
+    prompts = load_prompts(cfg, tokenizer)
+    eos, pad = stop_token_ids(tokenizer, target), tokenizer.pad_token_id or 0
+    draft, _ = load_draft(checkpoint, torch.float32)
+    share_target_embedding(draft, target)
+    runs = []
+    for k in [0, *ks]:
+        runner = DRAFT_RUNNERS.get("eagle3", "draft")(draft) if k else None
+        decoder = SpecDecoder(target, runner, aux_layer_ids(cfg.model), eos, pad)
+        decoder.generate(prompts[:1], k, 4, SamplingConfig(0.0))  # warm-up: first calls allocate
+        tokens, start = [], time.perf_counter()
+        totals = {"rounds": 0, "proposed": 0, "accepted": 0, "per_position": [0] * k}
+        for i in range(0, len(prompts), batch):
+            res = decoder.generate(prompts[i: i + batch], k, cfg.eval.max_new_tokens, SamplingConfig(0.0), seed=i)
+            tokens.extend(res.tokens)
+            st = res.stats
+            totals["rounds"] += st.rounds
+            totals["proposed"] += st.proposed
+            totals["accepted"] += st.accepted
+            totals["per_position"] = [a + b for a, b in zip(totals["per_position"], st.accepted_at)]
+        runs.append({"k": k, "tokens": tokens, "seconds": time.perf_counter() - start,
+                     "generated": sum(map(len, tokens)), **(totals if k else {})})
+        print(f"specft k={k}: {runs[-1]['generated']} tokens in {runs[-1]['seconds']:.1f} s", flush=True)
+    return prompts, runs
+
+
+def vllm_side(vllm_python: str, request: dict, work: Path, name: str = "vllm") -> dict:
+    req, res, log = (work / f"{name}_{what}" for what in ("request.json", "result.json", "log.txt"))
+    req.write_text(json.dumps(request))
+    env = {**os.environ, "PYTHONPATH": ""}  # nothing of this environment leaks into vLLM's
+    with open(log, "w") as f:
+        proc = subprocess.run([vllm_python, str(WORKER), str(req), str(res)], stdout=f, stderr=subprocess.STDOUT,
+                              env=env, cwd=work)
+    if proc.returncode:
+        tail = log.read_text().splitlines()[-15:]
+        raise SystemExit(f"vLLM failed (exit {proc.returncode}); last lines of {log}:\n" + "\n".join(tail))
+    return json.loads(res.read_text())
+
+
+def first_difference(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Where two engines' outputs for the same prompts first differ: rows that differ, and
+    the share of compared tokens that are the first differing one."""
+    compared = diverged = 0
+    for x, y in zip(a, b):
+        n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
+        if n is None and len(x) != len(y):
+            n = min(len(x), len(y))
+        compared += n + 1 if n is not None else len(x)
+        diverged += n is not None
+    return {"rows_differ": diverged, "rows": len(a), "first_difference_share": diverged / compared if compared else 0.0}
+
+
+def summarize(run: dict, alone: dict) -> dict:
+    rounds = run.get("rounds", run.get("num_drafts", 0))
+    proposed = run.get("proposed", run.get("num_draft_tokens", 0))
+    accepted = run.get("accepted", run.get("num_accepted_tokens", 0))
+    return {"k": run["k"], "rounds": rounds, "proposed": proposed, "accepted": accepted,
+            "acceptance_rate": accepted / proposed if proposed else 0.0,
+            "acceptance_length": (accepted + rounds) / rounds if rounds else 0.0,
+            "per_position": run.get("per_position", []),
+            "equals_target_alone": first_difference(run["tokens"], alone["tokens"])["rows_differ"] == 0,
+            "generated": run["generated"], "tokens_per_s": run["generated"] / run["seconds"]}
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| engine | k | rounds | proposed | accepted | rate | per position | acc. length | "
+            "= target alone | tok/s |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['engine']} | {r['k']} | {r['rounds']} | {r['proposed']} | {r['accepted']} | "
+                     f"{r['acceptance_rate']:.3f} | {'/'.join(map(str, r['per_position']))} | "
+                     f"{r['acceptance_length']:.3f} | {'yes' if r['equals_target_alone'] else 'no'} | "
+                     f"{r['tokens_per_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from specft.eval.drafts import resolve_checkpoint
+    from specft.export import export_draft
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path, help="a specft run dir (its config.yaml and final checkpoint)")
+    ap.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON", "vllm-venv/bin/python"))
+    ap.add_argument("--ks", type=int, nargs="+", default=[3, 5])
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1, help="prompts decoded together, in both engines")
+    ap.add_argument("--target-weights", choices=["as-is", "mxfp4"], default="as-is")
+    ap.add_argument("--layout", choices=["eagle3", "speculators"], default="eagle3")
+    ap.add_argument("--auto-detect", action="store_true",
+                    help="also load the speculators export alone (LLM(model=EXPORT)) at its own k")
+    ap.add_argument("--out", type=Path, default=None, help="default: RUN/check_vllm-<target-weights>")
+    ap.add_argument("overrides", nargs="*", help="config overrides for the prompts, e.g. data=gsm8k data.path=...")
+    args = ap.parse_args()
+
+    run_dir = args.run.resolve()
+    out = (args.out or run_dir / f"check_vllm-{args.target_weights}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = run_config(run_dir, [f"eval.num_prompts={args.num_prompts}", f"eval.max_new_tokens={args.max_new_tokens}",
+                               *args.overrides])
+    checkpoint = resolve_checkpoint(run_dir, "run")
+    export = export_draft(checkpoint, out / f"export-{args.layout}", layout=args.layout, dtype="float32",
+                          overwrite=True)
+    exported = json.loads((export / "config.json").read_text())
+    verifier = exported["specft"]["target_path"]
+    target_dir = Path(verifier)
+    if args.target_weights == "mxfp4":
+        target_dir = save_mxfp4_weights(cfg, out / "target-w4a16")
+        if args.layout == "speculators":  # the export must name the target vLLM is to load
+            exported["speculators_config"]["verifier"]["name_or_path"] = str(target_dir)
+            (export / "config.json").write_text(json.dumps(exported, indent=2))
+
+    prompts, specft_runs = specft_side(cfg, target_dir, checkpoint, args.ks, args.batch)
+    request = {"target": str(target_dir), "draft": str(export), "prompts": prompts, "ks": args.ks,
+               "max_new_tokens": args.max_new_tokens, "dtype": "float32", "target_alone": True,
+               "max_num_seqs": args.batch}
+    work = out / "vllm"
+    work.mkdir(exist_ok=True)
+    vllm = vllm_side(args.vllm_python, request, work)
+    if args.auto_detect:
+        k_own = exported["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        auto = vllm_side(args.vllm_python, {**request, "ks": [k_own], "target_alone": False,
+                                            "auto_detect": True}, work, "auto")
+        vllm["runs"] += [{**r, "auto_detect": True} for r in auto["runs"]]
+
+    rows = []
+    for engine, runs in (("specft", specft_runs), ("vLLM", vllm["runs"])):
+        alone = runs[0]
+        for r in runs:
+            name = engine + (" (auto-detect)" if r.get("auto_detect") else "")
+            rows.append({"engine": name, **summarize(r, alone)})
+    divergence = first_difference(specft_runs[0]["tokens"], vllm["runs"][0]["tokens"])
+    result = {"run": str(run_dir), "target": str(target_dir), "target_weights": args.target_weights,
+              "layout": args.layout, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "batch": args.batch,
+              "vllm_version": vllm["vllm_version"], "torch_threads": torch.get_num_threads(),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "target_alone_divergence": divergence, "rows": rows}
+    md = (f"{table(rows)}\n\nTarget alone, specft vs vLLM: {divergence['rows_differ']} of {divergence['rows']} "
+          f"outputs differ; first differing token at {100 * divergence['first_difference_share']:.2f}% of "
+          f"compared tokens.\n")
+    (out / "check_vllm.json").write_text(json.dumps(result, indent=2))
+    (out / "check_vllm.md").write_text(md)
+    print(md)
+    print(f"wrote {out / 'check_vllm.json'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
