@@ -65,9 +65,11 @@ def save_mxfp4_weights(cfg, out: Path) -> Path:
     return out
 
 
-def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: int) -> tuple[list, list[dict]]:
+def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: int,
+                draft_quant: str) -> tuple[list, list[dict]]:
     """(prompts, runs): specft's engine on the target at ``target_dir``, target alone then each
-    k, ``batch`` prompts at a time (after one untimed warm-up round)."""
+    k, ``batch`` prompts at a time (after one untimed warm-up round). A quantized export is
+    matched by fake-quantizing the draft the same way (weights and activations)."""
     from specft.config import aux_layer_ids
     from specft.eval.drafts import load_draft, share_target_embedding
     from specft.eval.runner import load_prompts
@@ -80,7 +82,12 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     target, tokenizer = load_target(model_cfg, dtype=torch.float32)
     prompts = load_prompts(cfg, tokenizer)
     eos, pad = stop_token_ids(tokenizer, target), tokenizer.pad_token_id or 0
-    draft, _ = load_draft(checkpoint, torch.float32)
+    draft, meta = load_draft(checkpoint, torch.float32)
+    if draft_quant not in ("none", "auto") and meta.get("draft_quant") != draft_quant:
+        from specft.draft.qat import apply_draft_qat
+        from specft.quant.spec import load_quant_config
+
+        apply_draft_qat(draft, load_quant_config(draft_quant))
     share_target_embedding(draft, target)
     runs = []
     for k in [0, *ks]:
@@ -166,6 +173,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="prompts decoded together, in both engines")
     ap.add_argument("--target-weights", choices=["as-is", "mxfp4"], default="as-is")
     ap.add_argument("--layout", choices=["eagle3", "speculators"], default="eagle3")
+    ap.add_argument("--quant", choices=["none", "auto", "fp8", "mxfp4"], default="none",
+                    help="the export's weights (compressed-tensors for fp8 / mxfp4), as `specft export --quant`")
     ap.add_argument("--auto-detect", action="store_true",
                     help="also load the speculators export alone (LLM(model=EXPORT)) at its own k")
     ap.add_argument("--out", type=Path, default=None, help="default: RUN/check_vllm-<target-weights>")
@@ -173,13 +182,13 @@ def main() -> None:
     args = ap.parse_args()
 
     run_dir = args.run.resolve()
-    out = (args.out or run_dir / f"check_vllm-{args.target_weights}").resolve()
+    out = (args.out or run_dir / f"check_vllm-{args.target_weights}-{args.layout}-{args.quant}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg = run_config(run_dir, [f"eval.num_prompts={args.num_prompts}", f"eval.max_new_tokens={args.max_new_tokens}",
                                *args.overrides])
     checkpoint = resolve_checkpoint(run_dir, "run")
-    export = export_draft(checkpoint, out / f"export-{args.layout}", layout=args.layout, dtype="float32",
-                          overwrite=True)
+    export = export_draft(checkpoint, out / f"export-{args.layout}-{args.quant}", layout=args.layout,
+                          quant=args.quant, dtype="float32", overwrite=True)
     exported = json.loads((export / "config.json").read_text())
     verifier = exported["specft"]["target_path"]
     target_dir = Path(verifier)
@@ -189,7 +198,7 @@ def main() -> None:
             exported["speculators_config"]["verifier"]["name_or_path"] = str(target_dir)
             (export / "config.json").write_text(json.dumps(exported, indent=2))
 
-    prompts, specft_runs = specft_side(cfg, target_dir, checkpoint, args.ks, args.batch)
+    prompts, specft_runs = specft_side(cfg, target_dir, checkpoint, args.ks, args.batch, args.quant)
     request = {"target": str(target_dir), "draft": str(export), "prompts": prompts, "ks": args.ks,
                "max_new_tokens": args.max_new_tokens, "dtype": "float32", "target_alone": True,
                "max_num_seqs": args.batch}
@@ -210,7 +219,7 @@ def main() -> None:
             rows.append({"engine": name, **summarize(r, alone)})
     divergence = first_difference(specft_runs[0]["tokens"], vllm["runs"][0]["tokens"])
     result = {"run": str(run_dir), "target": str(target_dir), "target_weights": args.target_weights,
-              "layout": args.layout, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "layout": args.layout, "draft_export_quant": args.quant, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "batch": args.batch,
               "vllm_version": vllm["vllm_version"], "torch_threads": torch.get_num_threads(),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores",

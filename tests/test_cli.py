@@ -258,8 +258,19 @@ def test_eval_decodes_with_the_trained_draft_and_writes_reports(tmp_path):
         if r["k"]:
             assert r["proposed"] > 0 and 0 <= r["acceptance_rate"] <= 1 and len(r["acceptance_at"]) == r["k"]
             assert r["memory_vs_target_alone"] > 0 and "flip_rate" in r
+            lo, hi = r["acceptance_rate_ci"]
+            assert lo <= r["acceptance_rate"] <= hi
+            assert [sum(c) for c in zip(*r["per_prompt"])] == [r["target_forwards"], r["proposed"], r["accepted"]]
     for name in ("results.md", "acceptance_by_position.png", "latency_by_k.png"):
         assert (out / name).stat().st_size > 0
     assert "| target alone | 0 | 1 |" in proc.stdout
+    # Two drafts on the same prompts get a paired difference; the same draft twice is none.
+    run = str(tmp_path / "runs/tiny_qwen3-mxfp4-eagle3-kl")
+    run_cli(["eval", *common, f"eval.drafts=[{run},{run}]", "eval.labels=[a,b]", "eval.k=[3]",
+             "eval.batch_sizes=[2]", "eval.num_prompts=4", "eval.max_new_tokens=12", "eval.target_alone=false",
+             f"eval.out_dir={tmp_path / 'pair'}"], cwd=tmp_path)
+    (pair,) = json.loads((tmp_path / "pair" / "results.json").read_text())["comparisons"]
+    assert (pair["a"], pair["b"], pair["rate_difference"], pair["distinguishable"]) == ("a", "b", 0.0, False)
+    assert "no difference" in (tmp_path / "pair" / "results.md").read_text()
     bad = run_cli(["eval", *common, "eval.drafts=[nowhere]"], cwd=tmp_path, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: eval.drafts: no draft")

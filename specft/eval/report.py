@@ -10,7 +10,29 @@ def _pct(x) -> str:
     return "" if x is None else f"{100 * x:+.1f}%"
 
 
-def markdown(records: list[dict], meta: dict) -> str:
+def _ci(x: float, ci: list[float] | None, fmt: str) -> str:
+    return f"{x:{fmt}}" if ci is None else f"{x:{fmt}} [{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
+
+
+def verdict(c: dict) -> str:
+    if not c["distinguishable"]:
+        return "no difference (the CI includes 0)"
+    return f"{c['b'] if c['rate_difference'] > 0 else c['a']} higher"
+
+
+def comparison_lines(comparisons: list[dict]) -> list[str]:
+    if not comparisons:
+        return []
+    lines = ["", "Paired differences (b - a, same prompts, 95% bootstrap CI over prompts):", "",
+             "| k | batch | a | b | accept rate b - a | accept len b - a | verdict |", "|---|---|---|---|---|---|---|"]
+    for c in comparisons:
+        lines.append(f"| {c['k']} | {c['batch_size']} | {c['a']} | {c['b']} | "
+                     f"{_ci(c['rate_difference'], c['rate_difference_ci'], '+.3f')} | "
+                     f"{_ci(c['length_difference'], c['length_difference_ci'], '+.2f')} | {verdict(c)} |")
+    return lines
+
+
+def markdown(records: list[dict], meta: dict, comparisons: list[dict] = ()) -> str:
     lines = [f"# specft eval: {meta['model']} / {meta['quant']}", "",
              f"{meta['prompts']} prompts from data={meta['data']} (split {meta['split']}), "
              f"max {meta['max_new_tokens']} new tokens, temperature {meta['temperature']}, "
@@ -21,12 +43,15 @@ def markdown(records: list[dict], meta: dict) -> str:
     for r in records:
         flips = f"{r['flip_rate']:.4f} ({r['rows_diverged']}/{r['rows']} rows)" if "flip_rate" in r else ""
         lines.append(
-            f"| {r['draft']} | {r['k']} | {r['batch_size']} | {r['acceptance_rate']:.3f} | "
-            f"{r['acceptance_length']:.2f} | {r['latency_ms_per_token']:.1f} | {r['tokens_per_s']:.1f} | "
+            f"| {r['draft']} | {r['k']} | {r['batch_size']} | "
+            f"{_ci(r['acceptance_rate'], r.get('acceptance_rate_ci'), '.3f')} | "
+            f"{_ci(r['acceptance_length'], r.get('acceptance_length_ci'), '.2f')} | "
+            f"{r['latency_ms_per_token']:.1f} | {r['tokens_per_s']:.1f} | "
             f"{_pct(r.get('latency_change_vs_first'))} | {_pct(r.get('latency_change_vs_target_alone'))} | "
             f"{_pct(r.get('memory_vs_target_alone'))} | {flips} |")
-    lines += ["", "accept rate: accepted / proposed draft tokens. accept len: tokens emitted per target "
-              "forward. latency: decode time per output token of one sequence; vs first draft: "
+    lines += comparison_lines(list(comparisons))
+    lines += ["", "accept rate: accepted / proposed draft tokens, [95% bootstrap CI over prompts]. "
+              "accept len: tokens emitted per target forward. latency: decode time per output token of one sequence; vs first draft: "
               "(T_first - T) / T_first. memory: weights + peak KV caches. flip rate: first "
               "divergences from the target-alone greedy output per compared token.", "",
               "![acceptance by position](acceptance_by_position.png)", "",
@@ -71,10 +96,11 @@ def plots(out_dir: Path, records: list[dict]) -> None:
     plt.close(fig)
 
 
-def write_reports(out_dir: Path, records: list[dict], meta: dict) -> None:
+def write_reports(out_dir: Path, records: list[dict], meta: dict, comparisons: list[dict] = ()) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": records}, indent=2))
-    table = markdown(records, meta)
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": records,
+                                                      "comparisons": list(comparisons)}, indent=2))
+    table = markdown(records, meta, comparisons)
     (out_dir / "results.md").write_text(table)
     plots(out_dir, records)
     print(table.split("\n\n![")[0])

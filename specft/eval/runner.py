@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from specft.config import RootConfig, aux_layer_ids
 from specft.errors import SpecftError
+from specft.eval.stats import confidence, paired_difference
 from specft.spec import DecodeStats, SamplingConfig, SpecDecoder
 from specft.spec.draft import DRAFT_RUNNERS
 
@@ -97,6 +98,7 @@ def _decode_all(decoder: SpecDecoder, prompts, k: int, batch: int, cfg: RootConf
         total.proposed_at = [a + b for a, b in zip(total.proposed_at, st.proposed_at)]
         total.accepted_at = [a + b for a, b in zip(total.accepted_at, st.accepted_at)]
         total.peak_kv_bytes = max(total.peak_kv_bytes, st.peak_kv_bytes)
+        total.per_prompt.extend(st.per_prompt)
     return tokens, total
 
 
@@ -113,12 +115,13 @@ def _divergence(tokens: list[list[int]], reference: list[list[int]]) -> dict:
             "flip_rate": diverged / compared if compared else 0.0}
 
 
-def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, prompts: int) -> dict:
+def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, prompts: int, seed: int) -> dict:
     per_seq_tokens = st.generated / prompts
     batches = -(-prompts // batch)
     return {
         "draft": label, "k": k, "batch_size": batch,
         "acceptance_rate": st.acceptance_rate, "acceptance_length": st.acceptance_length,
+        **(confidence(st.per_prompt, seed) if k else {}),
         "acceptance_at": [a / p if p else 0.0 for a, p in zip(st.accepted_at, st.proposed_at)],
         "proposed": st.proposed, "accepted": st.accepted, "target_forwards": st.rounds,
         "generated_tokens": st.generated,
@@ -129,6 +132,7 @@ def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, promp
         "prefill_s": st.prefill_s, "decode_s": st.decode_s,
         "weights_bytes": weights, "peak_kv_bytes": st.peak_kv_bytes,
         "memory_bytes": weights + st.peak_kv_bytes,
+        "per_prompt": st.per_prompt,  # [rounds, proposed, accepted] per prompt, for later CIs
     }
 
 
@@ -162,7 +166,7 @@ def run_eval(cfg: RootConfig) -> Path:
                 decoder = SpecDecoder(target, runner, ids, eos, pad)
                 tokens, st = _decode_all(decoder, prompts, k, batch, cfg)
                 weights = target_bytes + (_bytes(draft, shared_with=target) if draft is not None else 0)
-                rec = _record(label or "target alone", k, batch, st, weights, len(prompts))
+                rec = _record(label or "target alone", k, batch, st, weights, len(prompts), e.seed)
                 if label is None:
                     reference = tokens
                 elif reference is not None and e.temperature == 0:
@@ -172,13 +176,26 @@ def run_eval(cfg: RootConfig) -> Path:
                 bar.set_postfix_str(f"{rec['draft']} k={k} b={batch} acc={rec['acceptance_rate']:.3f} "
                                     f"{rec['tokens_per_s']:.1f} tok/s")
     _relative(records)
+    comparisons = compare_drafts(records, e.seed)
     meta = {"model": cfg.model.name, "quant": cfg.quant.name, "prompts": len(prompts),
             "data": cfg.data.name, "split": cfg.data.split, "max_new_tokens": e.max_new_tokens,
             "temperature": e.temperature, "dtype": e.dtype, "torch_threads": torch.get_num_threads(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "drafts": {label: meta for label, _, meta in drafts}}
-    write_reports(out_dir, records, meta)
+    write_reports(out_dir, records, meta, comparisons)
     return out_dir
+
+
+def compare_drafts(records: list[dict], seed: int) -> list[dict]:
+    """Every pair of drafts decoded at the same k and batch size: b - a with its CI."""
+    out = []
+    for key in dict.fromkeys((r["k"], r["batch_size"]) for r in records if r["k"]):
+        same = [r for r in records if (r["k"], r["batch_size"]) == key]
+        for i, a in enumerate(same):
+            for b in same[i + 1:]:
+                diff = paired_difference(a["per_prompt"], b["per_prompt"], seed)
+                out.append({"k": key[0], "batch_size": key[1], "a": a["draft"], "b": b["draft"], **diff})
+    return out
 
 
 def draft_arch(draft) -> str:

@@ -23,6 +23,8 @@ class DecodeStats:
     prefill_tokens: int = 0  # prompt tokens (padding excluded)
     proposed_at: list[int] = field(default_factory=list)  # per draft position
     accepted_at: list[int] = field(default_factory=list)
+    # Per prompt (the unit a confidence interval resamples): [rounds, proposed, accepted].
+    per_prompt: list[list[int]] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     peak_kv_bytes: int = 0
@@ -74,7 +76,7 @@ class SpecDecoder:
         k = k if self.draft is not None else 0
         device = next(self.target.model.parameters()).device
         gen = torch.Generator(device=device).manual_seed(seed)
-        stats = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k)
+        stats = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k, per_prompt=[[0, 0, 0] for _ in prompts])
         out: list[list[int]] = [[] for _ in prompts]
         t0 = time.perf_counter()
         # Room for every new token plus one round's pending columns; rejected drafts that
@@ -135,7 +137,7 @@ class SpecDecoder:
         else:
             accepted, bonus = verify_sampling(drafts, probs, step.logits, proposed, s, gen)
         self.target.commit(accepted + 1)
-        self._count(stats, proposed, accepted, n)
+        self._count(stats, proposed, accepted, state.rows)
         emitted = torch.cat([drafts, bonus[:, None]], 1)
         emitted[torch.arange(n), accepted] = bonus
         if self.draft is not None:
@@ -148,10 +150,13 @@ class SpecDecoder:
     def _kv_bytes(self) -> int:
         return self.target.kv_bytes() + (self.draft.kv_bytes() if self.draft is not None else 0)
 
-    def _count(self, stats: DecodeStats, proposed, accepted, n: int) -> None:
-        stats.rounds += n
+    def _count(self, stats: DecodeStats, proposed, accepted, rows: torch.Tensor) -> None:
+        stats.rounds += len(rows)
         stats.proposed += int(proposed.sum())
         stats.accepted += int(accepted.sum())
+        for prompt, p, a in zip(rows.tolist(), proposed.tolist(), accepted.tolist()):
+            counts = stats.per_prompt[prompt]
+            counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + p, counts[2] + a
         for j in range(len(stats.proposed_at)):
             stats.proposed_at[j] += int((proposed > j).sum())
             stats.accepted_at[j] += int((accepted > j).sum())
