@@ -35,6 +35,8 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from specft.eval.runner import divergence
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "scripts" / "vllm_worker.py"
 
@@ -123,19 +125,6 @@ def vllm_side(vllm_python: str, request: dict, work: Path, name: str = "vllm") -
     return json.loads(res.read_text())
 
 
-def first_difference(a: list[list[int]], b: list[list[int]]) -> dict:
-    """Where two engines' outputs for the same prompts first differ: rows that differ, and
-    the share of compared tokens that are the first differing one."""
-    compared = diverged = 0
-    for x, y in zip(a, b):
-        n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
-        if n is None and len(x) != len(y):
-            n = min(len(x), len(y))
-        compared += n + 1 if n is not None else len(x)
-        diverged += n is not None
-    return {"rows_differ": diverged, "rows": len(a), "first_difference_share": diverged / compared if compared else 0.0}
-
-
 def summarize(run: dict, alone: dict) -> dict:
     rounds = run.get("rounds", run.get("num_drafts", 0))
     proposed = run.get("proposed", run.get("num_draft_tokens", 0))
@@ -144,7 +133,7 @@ def summarize(run: dict, alone: dict) -> dict:
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "acceptance_length": (accepted + rounds) / rounds if rounds else 0.0,
             "per_position": run.get("per_position", []),
-            "equals_target_alone": first_difference(run["tokens"], alone["tokens"])["rows_differ"] == 0,
+            "equals_target_alone": divergence(run["tokens"], alone["tokens"])["rows_diverged"] == 0,
             "generated": run["generated"], "tokens_per_s": run["generated"] / run["seconds"]}
 
 
@@ -179,7 +168,7 @@ def main() -> None:
                     help="also load the speculators export alone (LLM(model=EXPORT)) at its own k")
     ap.add_argument("--out", type=Path, default=None, help="default: RUN/check_vllm-<target-weights>")
     ap.add_argument("overrides", nargs="*", help="config overrides for the prompts, e.g. data=gsm8k data.path=...")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
 
     run_dir = args.run.resolve()
     out = (args.out or run_dir / f"check_vllm-{args.target_weights}-{args.layout}-{args.quant}").resolve()
@@ -217,16 +206,15 @@ def main() -> None:
         for r in runs:
             name = engine + (" (auto-detect)" if r.get("auto_detect") else "")
             rows.append({"engine": name, **summarize(r, alone)})
-    divergence = first_difference(specft_runs[0]["tokens"], vllm["runs"][0]["tokens"])
+    between = divergence(specft_runs[0]["tokens"], vllm["runs"][0]["tokens"])
     result = {"run": str(run_dir), "target": str(target_dir), "target_weights": args.target_weights,
               "layout": args.layout, "draft_export_quant": args.quant, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "batch": args.batch,
               "vllm_version": vllm["vllm_version"], "torch_threads": torch.get_num_threads(),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "target_alone_divergence": divergence, "rows": rows}
-    md = (f"{table(rows)}\n\nTarget alone, specft vs vLLM: {divergence['rows_differ']} of {divergence['rows']} "
-          f"outputs differ; first differing token at {100 * divergence['first_difference_share']:.2f}% of "
-          f"compared tokens.\n")
+              "target_alone_divergence": between, "rows": rows}
+    md = (f"{table(rows)}\n\nTarget alone, specft vs vLLM: {between['rows_diverged']} of {between['rows']} "
+          f"outputs differ; first differing token at {100 * between['flip_rate']:.2f}% of compared tokens.\n")
     (out / "check_vllm.json").write_text(json.dumps(result, indent=2))
     (out / "check_vllm.md").write_text(md)
     print(md)

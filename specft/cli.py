@@ -139,13 +139,15 @@ INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 def _check_writable_places(root, command: str) -> None:
     from specft.paths import models_dir, require_writable_dir
+    from specft.target.loader import local_build_dir
 
     if command == "eval":
         require_writable_dir(root.eval.out_dir or Path(root.run_dir) / "eval", "eval.out_dir")
     else:
         require_writable_dir(root.run_dir, "run_dir (runs/ under the working directory by default)")
         require_writable_dir(root.cache.dir or root.cache.root, "cache.dir" if root.cache.dir else "cache.root")
-    if root.model.source in ("tiny", "smollm2_package") and not (models_dir() / root.model.name).is_dir():
+    build_dir = local_build_dir(root.model)
+    if build_dir is not None and not build_dir.is_dir():
         require_writable_dir(models_dir(), "SPECFT_HOME (where specft builds local models)")
 
 

@@ -85,6 +85,13 @@ def test_train_tiny_qwen3_mxfp4_end_to_end_then_reuse(tmp_path):
                                                       "architectures": ["Qwen3ForCausalLM"]}
     assert spec["transformer_layer_config"]["architectures"] == ["Qwen3ForCausalLM"]
     assert spec["transformer_layer_config"]["model_type"] == "qwen3"
+    # A draft trained before the verifier was recorded: export finds it from the run config.
+    draft_config = run_dir / "checkpoints" / "final" / "draft_config.json"
+    meta = json.loads(draft_config.read_text())
+    draft_config.write_text(json.dumps({k: v for k, v in meta.items() if k != "verifier"}))
+    run_cli(["export", str(run_dir), str(tmp_path / "old"), "--layout", "speculators"], cwd=tmp_path)
+    old = json.loads((tmp_path / "old" / "config.json").read_text())
+    assert old["speculators_config"]["verifier"] == spec["speculators_config"]["verifier"]
 
 
 def test_killed_training_resumes_exactly(tmp_path):

@@ -102,7 +102,7 @@ def _decode_all(decoder: SpecDecoder, prompts, k: int, batch: int, cfg: RootConf
     return tokens, total
 
 
-def _divergence(tokens: list[list[int]], reference: list[list[int]]) -> dict:
+def divergence(tokens: list[list[int]], reference: list[list[int]]) -> dict:
     """How far each output follows the target-alone output before the first difference."""
     compared, diverged = 0, 0
     for got, ref in zip(tokens, reference):
@@ -170,7 +170,7 @@ def run_eval(cfg: RootConfig) -> Path:
                 if label is None:
                     reference = tokens
                 elif reference is not None and e.temperature == 0:
-                    rec.update(_divergence(tokens, reference))
+                    rec.update(divergence(tokens, reference))
                 records.append(rec)
                 bar.update()
                 bar.set_postfix_str(f"{rec['draft']} k={k} b={batch} acc={rec['acceptance_rate']:.3f} "

