@@ -17,6 +17,9 @@ from specft.errors import SpecftError
 
 log = logging.getLogger(__name__)
 
+# The target facts an export passes to a serving engine (recorded in draft_config.json).
+VERIFIER_KEYS = ("name_or_path", "architectures", "max_position_embeddings", "family")
+
 
 def verifier_facts(folder: Path, draft_config: dict) -> dict:
     """{name_or_path, architectures, max_position_embeddings, family} of the target,
@@ -24,7 +27,7 @@ def verifier_facts(folder: Path, draft_config: dict) -> dict:
     facts = dict(draft_config.get("verifier") or {})
     if not facts.get("name_or_path"):
         facts = {**_from_run_config(folder), **facts}
-    return {k: facts.get(k) for k in ("name_or_path", "architectures", "max_position_embeddings", "family")}
+    return {k: facts.get(k) for k in VERIFIER_KEYS}
 
 
 def _from_run_config(folder: Path) -> dict:

@@ -15,6 +15,7 @@ from specft.config import RootConfig
 from specft.draft import DRAFT_HEADS, Eagle3Config, build_draft_vocab
 from specft.draft.qat import apply_draft_qat
 from specft.errors import SpecftError
+from specft.export.verifier import VERIFIER_KEYS
 from specft.quant.spec import load_quant_config
 from specft.train.batches import StepSampler, collate
 from specft.train.checkpoint import (
@@ -33,13 +34,6 @@ from specft.train.target_head import load_target_head
 
 log = logging.getLogger(__name__)
 CONSOLE_EVERY = 10  # steps between console lines; metrics.jsonl gets every log_every
-
-
-def verifier_facts(target: dict) -> dict:
-    """What an export tells a serving engine about the target (caches built before these
-    facts were recorded lack them: export then finds them from the run's config)."""
-    keys = ("name_or_path", "architectures", "max_position_embeddings", "family")
-    return {k: target[k] for k in keys if target.get(k) is not None}
 
 
 def build_draft(cfg: RootConfig, reader: CacheReader):
@@ -153,7 +147,9 @@ class Trainer:
                              "quant": cfg.quant.name, "draft_quant": cfg.draft.quant,
                              "aux_layer_ids": self.reader.manifest["aux_layer_ids"],
                              "target_hidden_size": cfg.model.hidden_size,
-                             "verifier": verifier_facts(self.reader.manifest["target"])}
+                             # caches built before these facts were recorded lack them: export then reads the run config
+                             "verifier": {k: v for k, v in self.reader.manifest["target"].items()
+                                          if k in VERIFIER_KEYS and v is not None}}
 
     def _resume(self) -> int:
         """The step to start from: the latest checkpoint's, or an older one's when the
