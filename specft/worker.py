@@ -37,6 +37,15 @@ def _with_quant(cfg: RootConfig, name: str) -> RootConfig:
     return dataclasses.replace(cfg, quant=load_quant_config(name, "trainer.mix_quant"))
 
 
+def _with_heldout_data(cfg: RootConfig) -> RootConfig:
+    """The same run on the data's validation side, answers written by the target."""
+    import dataclasses
+
+    from specft.data.select import heldout_side
+
+    return dataclasses.replace(cfg, data=heldout_side(cfg.data, cfg.trainer.val_samples))
+
+
 def run(cfg: RootConfig, command: str) -> Path | None:
     from specft.cache import ensure_cache
     from specft.launch import set_single_rank_env
@@ -60,7 +69,12 @@ def run(cfg: RootConfig, command: str) -> Path | None:
             mix_dir = None
             if cfg.trainer.mix_quant is not None:
                 mix_dir = ensure_cache(_with_quant(cfg, cfg.trainer.mix_quant), rank, world)
-            return Trainer(cfg, cache_dir, rank, world, mix_dir).train()
+            val_dir = None
+            if cfg.trainer.val_data == "heldout":
+                log.info("validation cache: %d held-out conversations, answers by the target",
+                         cfg.trainer.val_samples)
+                val_dir = ensure_cache(_with_heldout_data(cfg), rank, world)
+            return Trainer(cfg, cache_dir, rank, world, mix_dir, val_dir).train()
         return cache_dir
     finally:
         if needs_dist:

@@ -281,3 +281,33 @@ def test_eval_decodes_with_the_trained_draft_and_writes_reports(tmp_path):
     assert "no difference" in (tmp_path / "pair" / "results.md").read_text()
     bad = run_cli(["eval", *common, "eval.drafts=[nowhere]"], cwd=tmp_path, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: eval.drafts: no draft")
+
+
+def test_heldout_validation_replays_decoding_on_target_answers(tmp_path):
+    """trainer.val_data=heldout: validation reads the data's validation side with the
+    target's own answers (a cache of its own) and replays greedy decoding at eval.k; on
+    the same prompts `specft eval` counts about the same."""
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i + 3}?", "response": f"It is {2 * i + 3}."}) + "\n"
+                            for i in range(60)))
+    common = ["model=tiny_qwen3", "quant=mxfp4", "data=jsonl", f"data.path={data}", "data.split=train", "eval.k=[2,3]",
+              "eval.max_new_tokens=12", "data.regenerate.max_new_tokens=12", "data.regenerate.batch_size=1",
+              "cache.dtype=fp32", "data.val_fraction=0.2"]
+    proc = run_cli(["train", *common, "trainer.max_steps=20", "draft.ttt_steps=3", "trainer.val_data=heldout",
+                    "trainer.val_samples=4", "trainer.val_batches=2", "trainer.micro_batch_size=2"], cwd=tmp_path)
+    assert "replayed decoding: k=2 acceptance" in proc.stderr
+    run = tmp_path / "runs/tiny_qwen3-mxfp4-eagle3-kl"
+    val = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert val["split"] == "val" and val["tokens"] > 0
+    caches = {json.loads((d / "manifest.json").read_text())["provenance"]["data"]["split"]: d
+              for d in (tmp_path / "cache").iterdir()}
+    assert set(caches) == {"train", "validation"}
+    held = json.loads((caches["validation"] / "manifest.json").read_text())
+    assert held["num_samples"] == 4 and held["data_summary"]["regenerated"] == 4
+    proc = run_cli(["eval", *common, "data.split=validation", "eval.num_prompts=4", "eval.batch_sizes=[1]",
+                    "eval.target_alone=false"], cwd=tmp_path)
+    results = json.loads((run / "eval" / "results.json").read_text())["results"]
+    for r in results:
+        assert abs(val[f"replay_accept_rate_k{r['k']}"] - r["acceptance_rate"]) <= 0.1, (r["k"], val)
+    bad = run_cli(["train", "model=tiny_qwen3", "trainer.val_data=heldout"], cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and "set data.split=train" in bad.stderr.strip().splitlines()[-1]

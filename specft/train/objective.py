@@ -44,6 +44,10 @@ class StepResult:
     step_acc: list[float] = field(default_factory=list)  # draft argmax == target argmax
     step_accept: list[float] = field(default_factory=list)  # E[accept] = sum_x min(p, q)
     step_tokens: list[int] = field(default_factory=list)
+    # For replayed decoding (train/replay.py): step j's hits [B, T - j - 1] (draft argmax
+    # == target argmax, on positions predicting an assistant token) and that mask [B, T].
+    step_hits: list[torch.Tensor] = field(default_factory=list)
+    predicts: torch.Tensor | None = None
 
 
 def acceptance_length(step_acc: list[float]) -> float:
@@ -65,7 +69,7 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
     if not isinstance(step_weights, (list, tuple)):
         step_weights = [step_weights**j for j in range(len(draft_logits))]
     t = view.argmax.shape[1]
-    res = StepResult(draft_logits[0].new_zeros(()))
+    res = StepResult(draft_logits[0].new_zeros(()), predicts=view.predicts_assistant)
     for j, logits in enumerate(draft_logits):
         n = t - j - 1
         if n <= 0:  # too short for this step: record nothing learned, keep lists aligned
@@ -73,6 +77,7 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
             res.step_acc.append(0.0)
             res.step_accept.append(0.0)
             res.step_tokens.append(0)
+            res.step_hits.append(torch.zeros((view.argmax.shape[0], 0), dtype=torch.bool))
             continue
         logits = logits[:, :n].float()  # losses in fp32 even when the draft runs in bf16
         valid = view.predicts_assistant[:, j + 1:]
@@ -85,6 +90,7 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
         with torch.no_grad():
             denom = valid.sum().clamp(min=1.0)
             hit = (draft_to_target[logits.argmax(-1)] == view.argmax[:, j + 1:]).float()
+            res.step_hits.append((hit * valid).bool())
             res.step_losses.append(step_loss.item())
             res.step_acc.append(((hit * valid).sum() / denom).item())
             if view.probs_full is not None:

@@ -29,6 +29,7 @@ from specft.train.checkpoint import (
 from specft.train.losses import MixtureLoss
 from specft.train.metrics import MetricsLogger
 from specft.train.objective import StepResult, acceptance_length, target_view, ttt_objective
+from specft.train.replay import ReplayCounts, replay_sample, step_hits
 from specft.train.schedule import warmup_cosine
 from specft.train.target_head import load_target_head
 
@@ -105,17 +106,29 @@ def _mean_across_ranks(values: list[float], world_size: int) -> list[float]:
     return (t / world_size).tolist()
 
 
-def _sum_across_ranks(value: int, world_size: int) -> int:
+def _sum_list_across_ranks(values: list[int], world_size: int) -> list[int]:
     if world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.long)
+        return values
+    t = torch.tensor(values, dtype=torch.long)
     torch.distributed.all_reduce(t)
-    return int(t.item())
+    return t.tolist()
+
+
+def _sum_across_ranks(value: int, world_size: int) -> int:
+    return _sum_list_across_ranks([value], world_size)[0]
+
+
+def _replay_line(val: dict) -> str:
+    """'; replayed decoding: k=3 acceptance 0.312 (length 1.94), ...' from a val record."""
+    ks = [int(key.rsplit("k", 1)[1]) for key in val if key.startswith("replay_accept_rate_k")]
+    parts = [f"k={k} acceptance {val[f'replay_accept_rate_k{k}']:.3f} (length "
+             f"{val[f'replay_accept_len_k{k}']:.2f})" for k in ks]
+    return "; replayed decoding: " + ", ".join(parts) if parts else ""
 
 
 class Trainer:
     def __init__(self, cfg: RootConfig, cache_dir: Path, rank: int = 0, world_size: int = 1,
-                 mix_cache_dir: Path | None = None):
+                 mix_cache_dir: Path | None = None, val_cache_dir: Path | None = None):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -139,7 +152,13 @@ class Trainer:
         self.engine = _make_engine(cfg, draft)
         self.loss_fn = MixtureLoss(cfg.loss.terms or {cfg.loss.name: 1.0})
         self._loss_label = " + ".join(cfg.loss.terms or [cfg.loss.name])
-        self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
+        self.val_reader = self.reader
+        if val_cache_dir is not None:  # trainer.val_data=heldout: every cached sample trains
+            self.val_reader = CacheReader(val_cache_dir)
+            self.train_idx, self.val_idx = list(range(len(self.reader))), list(range(len(self.val_reader)))
+        else:
+            self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
+        self.replay_k = [k for k in cfg.eval.k if k <= cfg.draft.ttt_steps]
         self.sampler = StepSampler(len(self.train_idx), cfg.seed, cfg.trainer.micro_batch_size,
                                    cfg.trainer.grad_accum, rank, world_size)
         self.run_config_yaml = (self.run_dir / "config.yaml").read_text()
@@ -175,7 +194,9 @@ class Trainer:
         """One cached sample; while training with trainer.mix_quant, a seeded share of
         samples come from the other target's cache (same tokens, other features)."""
         t = self.cfg.trainer
-        if step is not None and self.mix_reader is not None:
+        if step is None:
+            return self.val_reader[index]
+        if self.mix_reader is not None:
             g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 65_537 + index)
             if torch.rand((), generator=g).item() < t.mix_fraction:
                 return self.mix_reader[index]
@@ -268,13 +289,29 @@ class Trainer:
         rounds = -(-len(batches) // self.world_size) if self.head.sharded else len(mine)
         self.engine.eval()
         results, tokens = [], 0
+        replays = {k: ReplayCounts() for k in self.replay_k}
         for i in range(rounds):
             res, n = self._forward(mine[min(i, len(mine) - 1)])
             if i < len(mine):
                 results.append(res)
                 tokens += n
+                self._replay(res, replays)
         self.engine.train()
-        return self._record(results, step, tokens, "val")
+        record = self._record(results, step, tokens, "val")
+        for k, counts in replays.items():
+            rounds_, proposed, accepted = _sum_list_across_ranks(
+                [counts.rounds, counts.proposed, counts.accepted], self.world_size)
+            total = ReplayCounts(rounds_, proposed, accepted)
+            record[f"replay_accept_rate_k{k}"] = total.acceptance_rate
+            record[f"replay_accept_len_k{k}"] = total.acceptance_length
+        return record
+
+    def _replay(self, res: StepResult, replays: dict[int, ReplayCounts]) -> None:
+        """Greedy decoding replayed on each sample at every k (train/replay.py)."""
+        hits = step_hits(res.step_hits, res.predicts.shape[1])
+        for row in range(res.predicts.shape[0]):
+            for k, counts in replays.items():
+                counts.add(replay_sample(hits[:, row], res.predicts[row], k, self.cfg.eval.max_new_tokens))
 
     def train(self) -> Path:
         t = self.cfg.trainer
@@ -298,8 +335,8 @@ class Trainer:
                 val = self.validate(step + 1)
                 if val and logger:
                     logger.log(val)
-                    log.info("val step %d loss %.4f acc_0 %.3f accept_len %.2f", val["step"],
-                             val["loss"], val.get("acc_0", 0.0), val["accept_len"])
+                    log.info("val step %d loss %.4f acc_0 %.3f accept_len %.2f%s", val["step"],
+                             val["loss"], val.get("acc_0", 0.0), val["accept_len"], _replay_line(val))
             if (step + 1) % t.save_every == 0 or last:
                 save_checkpoint(self.engine, self.ckpt_root, step + 1, self.rank, self.world_size,
                                 t.keep_last, self.extra_config, self.run_config_yaml)
