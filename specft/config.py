@@ -20,6 +20,7 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PRECISIONS = ("fp32", "bf16")
 VAL_DATA = ("split", "heldout")
+VOCAB_FILLS = ("seen", "prior")
 
 
 @dataclass
@@ -103,6 +104,10 @@ class CacheConfig:
 class DraftConfig:
     name: str = "eagle3"
     vocab_size: int = 32000
+    # When the training answers hold fewer distinct tokens than vocab_size: seen shrinks
+    # the vocabulary to them; prior fills the free slots with the tokens the target itself
+    # rates most likely over the cached text (train/vocab_prior.py).
+    vocab_fill: str = "seen"
     num_layers: int = 1  # eagle3: decoder layers (the first reads 2H); mtp: 1
     intermediate_size: int | None = None  # null: the target's
     # null: the target's. An eagle3 draft of another width reads the target's features
@@ -381,6 +386,7 @@ def validate(cfg: RootConfig) -> None:
     if not 0.0 <= t.val_fraction < 1.0:
         raise ConfigError(f"trainer.val_fraction: must be in [0, 1), got {t.val_fraction}")
     _choice(t.val_data, VAL_DATA, "trainer.val_data")
+    _choice(cfg.draft.vocab_fill, VOCAB_FILLS, "draft.vocab_fill")
     _positive(t.val_samples, "trainer.val_samples")
     if t.val_data == "heldout" and cfg.data.split != "train":
         raise ConfigError(f"trainer.val_data=heldout validates on the data's validation side, which "

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -294,8 +295,12 @@ def test_heldout_validation_replays_decoding_on_target_answers(tmp_path):
               "eval.max_new_tokens=12", "data.regenerate.max_new_tokens=12", "data.regenerate.batch_size=1",
               "cache.dtype=fp32", "data.val_fraction=0.2"]
     proc = run_cli(["train", *common, "trainer.max_steps=20", "draft.ttt_steps=3", "trainer.val_data=heldout",
-                    "trainer.val_samples=4", "trainer.val_batches=2", "trainer.micro_batch_size=2"], cwd=tmp_path)
+                    "trainer.val_samples=4", "trainer.val_batches=2", "trainer.micro_batch_size=2",
+                    "draft.vocab_size=512", "draft.vocab_fill=prior"], cwd=tmp_path)
     assert "replayed decoding: k=2 acceptance" in proc.stderr
+    # The answers hold fewer distinct tokens than 512: the target's prior fills the rest.
+    assert re.search(r"draft vocab: 512 tokens \(\d+ seen in training answers, the rest by the target's prior\)"
+                     r" cover 100.0% of training answer tokens; [\d.]+% of held-out ones", proc.stderr), proc.stderr
     run = tmp_path / "runs/tiny_qwen3-mxfp4-eagle3-kl"
     val = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert val["split"] == "val" and val["tokens"] > 0

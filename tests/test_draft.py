@@ -30,6 +30,44 @@ def test_draft_vocab_top_tokens_and_offsets():
     assert full.size == 7 and full.t2d.all()
     fill = build_draft_vocab(torch.tensor([0, 0, 3, 0]), 2, fill_unseen=True)
     assert fill.draft_to_target.tolist() == [0, 2]  # unseen tokens fill in id order
+    prior = torch.tensor([0.1, 0.0, 0.0, 0.0, 0.3, 0.0, 0.0])
+    ranked = build_draft_vocab(counts, 6, prior=prior)  # 5 seen, then the likeliest unseen (4, not 0)
+    assert ranked.draft_to_target.tolist() == [1, 2, 3, 4, 5, 6] and ranked.coverage == 1.0
+    assert build_draft_vocab(counts, 3, prior=prior).draft_to_target.tolist() == [1, 3, 5]  # counts first
+
+
+class _Cache:
+    """What target_prior reads of a cache: samples' final hidden states and the head."""
+
+    def __init__(self, hidden, head):
+        self.hidden, self.head = hidden, head
+
+    def __len__(self):
+        return len(self.hidden)
+
+    def __getitem__(self, i):
+        return {"final_hidden": self.hidden[i]}
+
+    def target_head_vocab(self):
+        return self.head.shape[0]
+
+    def target_head_rows(self, a, b):
+        return self.head[a:b]
+
+
+def test_target_prior_is_the_mean_next_token_distribution():
+    from specft.train.vocab_prior import target_prior
+
+    g = torch.Generator().manual_seed(0)
+    hidden = [torch.randn(n, 8, generator=g) for n in (5, 300, 7)]
+    head = torch.randn(50, 8, generator=g)
+    prior = target_prior(_Cache(hidden, head), max_positions=10_000, vocab_chunk=16)
+    expected = torch.softmax(torch.cat(hidden) @ head.T, -1).double().mean(0)
+    torch.testing.assert_close(prior, expected, rtol=1e-5, atol=1e-9)
+    assert abs(prior.sum().item() - 1) < 1e-6  # float32 softmax terms
+    part = target_prior(_Cache(hidden, head), max_positions=100)  # a seeded sample of positions
+    assert torch.equal(part, target_prior(_Cache(hidden, head), max_positions=100))
+    assert not torch.equal(part, prior)
 
 
 def _draft(qk_norm=False):

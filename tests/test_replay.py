@@ -1,6 +1,7 @@
 """Replayed decoding (train/replay.py) against the decoding engine itself."""
 
 import torch
+from test_spec import _setup
 
 from specft.config import aux_layer_ids
 from specft.draft import Eagle3Config, Eagle3Draft
@@ -10,7 +11,6 @@ from specft.target.features import FeatureCapture
 from specft.train.losses import MixtureLoss
 from specft.train.objective import TargetView, ttt_objective
 from specft.train.replay import ReplayCounts, answer_spans, replay_sample, step_hits
-from test_spec import _setup
 
 
 def test_replay_walks_rounds_by_the_leading_hits():

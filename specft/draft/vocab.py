@@ -33,20 +33,30 @@ def register_vocab_buffers(module, draft_to_target: torch.Tensor, target_vocab_s
     module.register_buffer("t2d", t2d)
 
 
-def build_draft_vocab(counts: torch.Tensor, size: int, fill_unseen: bool = False) -> DraftVocab:
+def build_draft_vocab(counts: torch.Tensor, size: int, fill_unseen: bool = False,
+                      prior: torch.Tensor | None = None) -> DraftVocab:
     """Top-``size`` tokens by count (ties: lower id first). When the data has fewer
-    distinct tokens than ``size``, the vocab shrinks to the tokens seen (a head row for a
-    token never seen in training only learns to say no, and costs FLOPs on every
-    position), unless ``fill_unseen`` pads it with unseen tokens in id order."""
+    distinct tokens than ``size``, the free slots go to unseen tokens by ``prior`` (highest
+    first: e.g. the target's own next-token probabilities, train/vocab_prior.py), or in id
+    order with ``fill_unseen``; with neither, the vocab shrinks to the tokens seen (a head
+    row for a token never seen in training only learns to say no)."""
     vocab = counts.numel()
     seen = int((counts > 0).sum())
-    size = min(size, vocab if fill_unseen or seen == 0 else seen)
+    fill = fill_unseen or prior is not None
+    size = min(size, vocab if fill or seen == 0 else seen)
     ids = torch.arange(vocab)
     # Stable sort on -count keeps ascending ids among equal counts.
     order = torch.sort(-counts.long(), stable=True).indices
+    if prior is not None:  # unseen tokens after the seen ones, most probable first
+        unseen = order[seen:]
+        order = torch.cat([order[:seen], unseen[torch.sort(-prior[unseen].double(), stable=True).indices]])
     selected = torch.sort(ids[order[:size]]).values
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[selected] = True
+    return DraftVocab(selected, selected - torch.arange(size), t2d, coverage(t2d, counts))
+
+
+def coverage(t2d: torch.Tensor, counts: torch.Tensor) -> float:
+    """Share of the counted tokens a draft vocabulary (its t2d mask) can emit."""
     total = counts.sum().item()
-    coverage = counts[selected].sum().item() / total if total else 0.0
-    return DraftVocab(selected, selected - torch.arange(size), t2d, coverage)
+    return counts[t2d].sum().item() / total if total else 0.0

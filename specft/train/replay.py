@@ -27,7 +27,7 @@ class ReplayCounts:
     proposed: int = 0
     accepted: int = 0
 
-    def add(self, other: "ReplayCounts") -> None:
+    def add(self, other: ReplayCounts) -> None:
         self.rounds += other.rounds
         self.proposed += other.proposed
         self.accepted += other.accepted

@@ -14,6 +14,7 @@ from specft.cache import CacheReader
 from specft.config import RootConfig
 from specft.draft import DRAFT_HEADS, Eagle3Config, build_draft_vocab
 from specft.draft.qat import apply_draft_qat
+from specft.draft.vocab import coverage
 from specft.errors import SpecftError
 from specft.export.verifier import VERIFIER_KEYS
 from specft.quant.spec import load_quant_config
@@ -32,15 +33,31 @@ from specft.train.objective import StepResult, acceptance_length, target_view, t
 from specft.train.replay import ReplayCounts, replay_sample, step_hits
 from specft.train.schedule import warmup_cosine
 from specft.train.target_head import load_target_head
+from specft.train.vocab_prior import target_prior
 
 log = logging.getLogger(__name__)
 CONSOLE_EVERY = 10  # steps between console lines; metrics.jsonl gets every log_every
 
 
-def build_draft(cfg: RootConfig, reader: CacheReader):
+def draft_vocab(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | None = None):
+    """The draft vocabulary from the training answers' token counts (and the target's
+    prior for free slots, draft.vocab_fill=prior); coverage logged, held-out too."""
+    counts = reader.token_counts()
+    seen = int((counts > 0).sum())
+    prior = None
+    if cfg.draft.vocab_fill == "prior" and cfg.draft.vocab_size > seen:
+        prior = target_prior(reader, seed=cfg.seed, vocab_chunk=cfg.trainer.vocab_chunk)
+    vocab = build_draft_vocab(counts, cfg.draft.vocab_size, prior=prior)
+    held = f"; {100 * coverage(vocab.t2d, heldout.token_counts()):.1f}% of held-out ones" if heldout else ""
+    log.info("draft vocab: %d tokens (%d seen in training answers%s) cover %.1f%% of training answer tokens%s",
+             vocab.size, min(seen, vocab.size), ", the rest by the target's prior" if prior is not None else "",
+             100 * vocab.coverage, held)
+    return vocab
+
+
+def build_draft(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | None = None):
     target = reader.manifest["target"]
-    vocab = build_draft_vocab(reader.token_counts(), cfg.draft.vocab_size)
-    log.info("draft vocab: %d tokens cover %.1f%% of training tokens", vocab.size, 100 * vocab.coverage)
+    vocab = draft_vocab(cfg, reader, heldout)
     qk_norm = cfg.draft.qk_norm if cfg.draft.qk_norm is not None else target["family"].startswith("qwen3")
     d = cfg.draft
     heads = d.num_heads or target["num_heads"]
@@ -142,7 +159,13 @@ class Trainer:
         # that matters for training.
         torch.set_flush_denormal(True)
         torch.manual_seed(cfg.seed)
-        draft, draft_rows = build_draft(cfg, self.reader)
+        self.val_reader = self.reader
+        if val_cache_dir is not None:  # trainer.val_data=heldout: every cached sample trains
+            self.val_reader = CacheReader(val_cache_dir)
+            self.train_idx, self.val_idx = list(range(len(self.reader))), list(range(len(self.val_reader)))
+        else:
+            self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
+        draft, draft_rows = build_draft(cfg, self.reader, self.val_reader if val_cache_dir is not None else None)
         # Stored dtype: target_view computes chunks in fp32.
         self.head = load_target_head(self.reader, cfg.trainer.target_head, draft_rows, rank, world_size)
         if rank == 0:
@@ -152,12 +175,6 @@ class Trainer:
         self.engine = _make_engine(cfg, draft)
         self.loss_fn = MixtureLoss(cfg.loss.terms or {cfg.loss.name: 1.0})
         self._loss_label = " + ".join(cfg.loss.terms or [cfg.loss.name])
-        self.val_reader = self.reader
-        if val_cache_dir is not None:  # trainer.val_data=heldout: every cached sample trains
-            self.val_reader = CacheReader(val_cache_dir)
-            self.train_idx, self.val_idx = list(range(len(self.reader))), list(range(len(self.val_reader)))
-        else:
-            self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
         self.replay_k = [k for k in cfg.eval.k if k <= cfg.draft.ttt_steps]
         self.sampler = StepSampler(len(self.train_idx), cfg.seed, cfg.trainer.micro_batch_size,
                                    cfg.trainer.grad_accum, rank, world_size)
