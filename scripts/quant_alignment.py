@@ -25,41 +25,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from steps import Steps
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-
-
-def specft(args: list[str], log: Path) -> float:
-    t0 = time.perf_counter()
-    with open(log, "a") as f:
-        f.write(f"\n$ specft {' '.join(args)}\n")
-        f.flush()
-        proc = subprocess.run([sys.executable, "-m", "specft.cli", *args], stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode:
-        raise SystemExit(f"specft {' '.join(args)} failed (exit {proc.returncode}); see {log}")
-    return time.perf_counter() - t0
 
 
 class Experiment:
     def __init__(self, args: argparse.Namespace):
         self.args, self.out = args, args.out_dir.resolve()
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.log = self.out / "commands.log"
+        self.steps = Steps(self.out, f"walls-{args.parts.replace(',', '_')}.json")
+        self.timed = self.steps.run
         self.base = self.out / "base-bf16"
-        self.walls_path = self.out / f"walls-{args.parts.replace(',', '_')}.json"
-        self.walls = json.loads(self.walls_path.read_text()) if self.walls_path.exists() else {}
-
-    def timed(self, name: str, args: list[str], done: Path) -> None:
-        if done.exists():
-            print(f"[skip] {name}: {done} exists", flush=True)
-            return
-        print(f"[run] {name}", flush=True)
-        self.walls[name] = specft(args, self.log)
-        self.walls_path.write_text(json.dumps(self.walls, indent=2))
 
     def train_data(self) -> list[str]:
         a = self.args

@@ -1,0 +1,42 @@
+"""Resumable experiment steps for the scripts: each step is a `specft` command whose
+output file marks it done; a rerun skips finished steps and records each step's wall time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def specft(args: list[str], log: Path) -> float:
+    """Run `specft ARGS` (output appended to ``log``); its wall time in seconds."""
+    t0 = time.perf_counter()
+    with open(log, "a") as f:
+        f.write(f"\n$ specft {' '.join(args)}\n")
+        f.flush()
+        proc = subprocess.run([sys.executable, "-m", "specft.cli", *args], stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise SystemExit(f"specft {' '.join(args)} failed (exit {proc.returncode}); see {log}")
+    return time.perf_counter() - t0
+
+
+class Steps:
+    """Steps under ``out``: commands.log holds every command's output, ``walls_name``
+    every finished step's wall time."""
+
+    def __init__(self, out: Path, walls_name: str = "walls.json"):
+        self.out = out
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = out / "commands.log"
+        self.walls_path = out / walls_name
+        self.walls = json.loads(self.walls_path.read_text()) if self.walls_path.exists() else {}
+
+    def run(self, name: str, args: list[str], done: Path) -> None:
+        if done.exists():
+            print(f"[skip] {name}: {done} exists", flush=True)
+            return
+        print(f"[run] {name}", flush=True)
+        self.walls[name] = specft(args, self.log)
+        self.walls_path.write_text(json.dumps(self.walls, indent=2))
