@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from specft.cache.integrity import file_record
+from specft.cache.key import cache_key
 from specft.cache.manifest import (
     CACHE_VERSION,
     MANIFEST,
@@ -51,12 +51,11 @@ def build_provenance(cfg: RootConfig, tokenizer) -> dict:
     return {
         "version": CACHE_VERSION,
         "checkpoint": checkpoint_fingerprint(m),
-        "model": {k: getattr(m, k) for k in ("name", "source", "path", "gguf_file", "family",
-                                             "num_layers", "hidden_size", "vocab_size", "dtype")},
-        "quant": asdict(cfg.quant),
+        "model": cache_key(m),
+        "quant": cache_key(cfg.quant),
         "aux_layer_ids": aux_layer_ids(m),
         "tokenizer": tokenizer_fingerprint(tokenizer),
-        "data": asdict(cfg.data),
+        "data": cache_key(cfg.data),
         "dtype": cfg.cache.dtype,
     }
 

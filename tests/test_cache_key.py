@@ -1,0 +1,67 @@
+"""The cache key: every field of the dataclasses it reads is classified, and the keys of
+today's config values are the ones caches were built under."""
+
+import dataclasses
+
+import pytest
+
+from specft.cache.key import KEYED, NOT_KEYED, cache_key
+from specft.cache.manifest import provenance_hash
+
+from helpers import CONF, root_cfg
+
+
+@pytest.mark.parametrize("cls", list(KEYED), ids=lambda c: c.__name__)
+def test_every_field_is_classified_once(cls):
+    names = {f.name for f in dataclasses.fields(cls)}
+    keyed, skipped = set(KEYED[cls]), set(NOT_KEYED[cls])
+    assert not keyed & skipped, f"{cls.__name__}: both keyed and not: {keyed & skipped}"
+    unclassified = names - keyed - skipped
+    assert not unclassified, (f"{cls.__name__}.{sorted(unclassified)}: new fields; add each to KEYED (it changes "
+                              "the cached numbers) or NOT_KEYED (with why) in specft/cache/key.py")
+    assert keyed | skipped <= names, f"{cls.__name__}: classified fields that do not exist"
+
+
+def _without(value, cls_fields):
+    """asdict output less the NOT_KEYED fields (the key must equal the rest)."""
+    return {k: v for k, v in value.items() if k not in cls_fields}
+
+
+SHIPPED = [("data", p.stem) for p in sorted((CONF / "data").glob("*.yaml"))] + \
+    [("quant", p.stem) for p in sorted((CONF / "quant").glob("*.yaml"))] + \
+    [("model", p.stem) for p in sorted((CONF / "model").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("group,name", SHIPPED, ids=[f"{g}={n}" for g, n in SHIPPED])
+def test_shipped_configs_keep_their_keys(group, name):
+    """The key of every shipped data, quant and model config is what asdict gave before
+    the key was an explicit list: existing caches keep their names."""
+    overrides = [f"{group}={name}"]
+    data = name if group == "data" else None
+    if data in ("jsonl", "sharegpt", "gsm8k", "mtbench", "ceval", "hf"):
+        overrides.append("data.path=somewhere")
+    if data == "mix":
+        overrides.append("data.mix=[{name: gsm8k, path: a.jsonl, num_samples: 3}]")
+    cfg = root_cfg(*overrides)
+    assert cache_key(cfg.data) == dataclasses.asdict(cfg.data)
+    assert cache_key(cfg.quant) == dataclasses.asdict(cfg.quant)
+    model = cache_key(cfg.model)
+    assert model == _without(dataclasses.asdict(cfg.model), NOT_KEYED[type(cfg.model)])
+
+
+def test_key_hashes_are_pinned():
+    # Computed from dataclasses.asdict before the explicit list (commit 83629d1).
+    cfg = root_cfg()
+    assert provenance_hash({"data": cache_key(cfg.data), "quant": cache_key(cfg.quant)}) == "052adb889b31aded"
+    cfg = root_cfg("data=mix", "data.mix=[{name: gsm8k, path: a.jsonl, num_samples: 3}]", "quant=nvfp4")
+    assert provenance_hash({"data": cache_key(cfg.data), "quant": cache_key(cfg.quant)}) == "76a90115741b8c2a"
+    assert provenance_hash(cache_key(root_cfg("model=qwen3_32b").model)) == "db3aa55af272d774"
+
+
+def test_an_unclassified_dataclass_is_refused():
+    @dataclasses.dataclass
+    class Stray:
+        x: int = 1
+
+    with pytest.raises(TypeError, match="no field classification"):
+        cache_key({"a": [Stray()]})
