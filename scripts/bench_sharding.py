@@ -34,8 +34,8 @@ def resharded_copy(model: str, shard_mb: int, tmp: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specft.cli import compose
-    from specft.config import to_schema
     from specft.target.loader import MODEL_SOURCES
+    from specft.validate import to_schema
 
     cfg = compose([f"model={model}"])
     OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
@@ -52,10 +52,10 @@ def worker(args: argparse.Namespace) -> None:
     from omegaconf import OmegaConf
 
     from specft.cli import compose
-    from specft.config import to_schema
     from specft.launch import set_single_rank_env
     from specft.quant import apply_quant
     from specft.target.sharding import editing, place_target
+    from specft.validate import to_schema
 
     set_single_rank_env()
     dist.init_process_group("gloo")

@@ -21,10 +21,10 @@ from omegaconf import OmegaConf
 
 from specft.cache import ensure_cache
 from specft.cli import compose
-from specft.config import to_schema
 from specft.launch import set_single_rank_env
 from specft.train.batches import collate
 from specft.train.trainer import Trainer
+from specft.validate import to_schema
 
 
 def matmul_rate(dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:

@@ -43,7 +43,7 @@ WORKER = ROOT / "scripts" / "vllm_worker.py"
 
 def run_config(run_dir: Path, overrides: list[str]):
     """The run's resolved config with ``overrides`` (dotlist) on top."""
-    from specft.config import to_schema
+    from specft.validate import to_schema
 
     base = OmegaConf.create(yaml.safe_load((run_dir / "config.yaml").read_text()))
     return to_schema(OmegaConf.merge(base, OmegaConf.from_dotlist(overrides)))

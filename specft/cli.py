@@ -16,6 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specft.errors import ConfigError, SpecftError
+from specft.logs import setup_logging
 from specft.paths import conf_dir
 
 COMMANDS = ("cache", "train", "eval", "export", "plan", "info")
@@ -32,19 +33,6 @@ USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b .
 Config groups: model, quant, draft, loss, data, cache, trainer, logger, eval (see conf/)."""
 
 log = logging.getLogger("specft")
-
-
-def setup_logging(rank: int = 0) -> None:
-    level = logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="[specft %(asctime)s] %(message)s", datefmt="%H:%M:%S",
-                        stream=sys.stderr, force=True)
-    for noisy in ("DeepSpeed", "deepspeed", "torch.distributed", "httpx", "transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # Hydra's job logging config disables loggers that exist before it runs (modules
-    # imported while validating): turn ours back on.
-    for name, logger in logging.root.manager.loggerDict.items():
-        if name.startswith("specft") and isinstance(logger, logging.Logger):
-            logger.disabled = False
 
 
 def _groups() -> dict[str, list[str]]:
@@ -106,7 +94,7 @@ def compose(overrides: list[str]) -> DictConfig:
 
 
 def validate_overrides(overrides: list[str]) -> None:
-    from specft.config import to_schema
+    from specft.validate import to_schema
 
     groups = _groups()
     for combo in _expand_overrides(overrides):
@@ -173,10 +161,10 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from specft.config import to_schema
     from specft.data import check_data_files
     from specft.launch import launch_ranks, run_subprocess_rank
     from specft.rundir import check_resume, write_atomic
+    from specft.validate import to_schema
     from specft.worker import run
 
     setup_logging()  # Hydra reconfigures logging per job
@@ -258,8 +246,8 @@ def _export(args: list[str]) -> int:
 
 def _plan(overrides: list[str]) -> int:
     """Arithmetic only: composed without a Hydra job (nothing is written)."""
-    from specft.config import to_schema
     from specft.plan import run_plan
+    from specft.validate import to_schema
 
     cfg = compose(overrides)
     OmegaConf.update(cfg, "run_dir", "unset", force_add=True)

@@ -1,17 +1,14 @@
-"""Dataclass schemas for every config group, and validation that runs before any model
-loads. A bad value raises ConfigError with one line naming the field and what is allowed."""
+"""Dataclass schemas for every config group (validation: specft/validate.py).
+
+This module imports no stage of specft, so every stage can import it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import MISSING
 
-from specft.errors import ConfigError
-from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
-from specft.quant.formats import ELEMENT_FORMATS, FloatFormat, IntFormat
 from specft.quant.spec import QuantConfig
 
 MODEL_SOURCES = ("hf", "gguf", "tiny", "smollm2_package")
@@ -246,213 +243,9 @@ def register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RootConfig)
 
 
-def to_schema(cfg: DictConfig | dict) -> RootConfig:
-    """Merge a composed config onto the schema (type-checks every field) and validate."""
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
-        root: RootConfig = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None)
-        msg = str(err).splitlines()[0]
-        raise ConfigError(f"{key}: {msg}" if key else msg) from None
-    validate(root)
-    return root
-
-
-def _choice(value: Any, allowed, field_name: str) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{field_name}: {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
-
-
-def _positive(value: int | float, field_name: str) -> None:
-    if value <= 0:
-        raise ConfigError(f"{field_name}: must be > 0, got {value}")
-
-
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 
 def aux_layer_ids(model: ModelConfig) -> list[int]:
     return list(model.aux_layer_ids) if model.aux_layer_ids is not None else default_aux_layer_ids(model.num_layers)
-
-
-def validate_model(m: ModelConfig) -> None:
-    _choice(m.source, MODEL_SOURCES, "model.source")
-    _choice(m.family, MODEL_FAMILIES, "model.family")
-    _choice(m.dtype, DTYPES, "model.dtype")
-    for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size"):
-        _positive(getattr(m, name), f"model.{name}")
-    if m.source == "hf" and not m.path:
-        raise ConfigError("model.path: required for model.source=hf (a local directory or a hub id)")
-    ids = aux_layer_ids(m)
-    if len(ids) != 3:
-        raise ConfigError(f"model.aux_layer_ids: EAGLE-3 fuses 3 layers, got {len(ids)}: {ids}")
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"model.aux_layer_ids: each layer once; got {ids} (three distinct layers, "
-                          f"e.g. {default_aux_layer_ids(m.num_layers)})")
-    for i in ids:
-        if not 0 <= i < m.num_layers:
-            raise ConfigError(f"model.aux_layer_ids: layer {i} is past the model's depth; "
-                              f"allowed: 0..{m.num_layers - 1} ({m.name} has {m.num_layers} layers)")
-
-
-# Hardware block formats need whole blocks along the reduction dim; group and block
-# scales pad a partial last group, as serving kernels do.
-HARDWARE_BLOCK_SCHEMES = ("mx", "nvfp4")
-
-
-def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig) -> None:
-    _choice(spec.format, sorted(ELEMENT_FORMATS), f"{prefix}.format")
-    _choice(spec.scheme, SCHEMES, f"{prefix}.scheme")
-    fmt = ELEMENT_FORMATS[spec.format]
-    if spec.scheme == "mx":
-        _choice(spec.scale_rule, MX_SCALE_RULES, f"{prefix}.scale_rule")
-        if not isinstance(fmt, FloatFormat):
-            raise ConfigError(f"{prefix}.format: MX blocks need e4m3, e5m2 or e2m1, got {spec.format!r}")
-    if spec.scheme == "nvfp4" and spec.format != "e2m1":
-        raise ConfigError(f"{prefix}.format: nvfp4 uses e2m1 elements, got {spec.format!r}")
-    if not spec.symmetric and not isinstance(fmt, IntFormat):
-        raise ConfigError(f"{prefix}.symmetric: asymmetric (zero point) needs int4 or int8, got {spec.format!r}")
-    if not spec.dynamic and spec.scheme != "tensor":
-        raise ConfigError(f"{prefix}.dynamic: static scales are per tensor; set scheme=tensor, got {spec.scheme!r}")
-    _positive(spec.block_size, f"{prefix}.block_size")
-    if spec.scheme in HARDWARE_BLOCK_SCHEMES:
-        for dim_name in ("hidden_size", "intermediate_size"):
-            dim = getattr(model, dim_name)
-            if dim % spec.block_size:
-                raise ConfigError(f"{prefix}.block_size must divide {dim_name}={dim}, got {spec.block_size}")
-
-
-def validate(cfg: RootConfig) -> None:
-    validate_model(cfg.model)
-    if cfg.quant.weight is not None:
-        _validate_tensor_spec(cfg.quant.weight, "quant.weight", cfg.model)
-    if cfg.quant.activation is not None:
-        _validate_tensor_spec(cfg.quant.activation, "quant.activation", cfg.model)
-        if cfg.quant.activation.scheme == "block":
-            raise ConfigError("quant.activation.scheme: block (B x B) scales are for weights; "
-                              "use group for activations")
-    if cfg.quant.kv is not None:
-        _validate_tensor_spec(cfg.quant.kv, "quant.kv", cfg.model)
-        _choice(cfg.quant.kv.scheme, ("tensor", "token"), "quant.kv.scheme")
-    _choice(cfg.cache.dtype, CACHE_DTYPES, "cache.dtype")
-    _positive(cfg.cache.samples_per_shard, "cache.samples_per_shard")
-    _positive(cfg.cache.batch_size, "cache.batch_size")
-    from specft.target.sharding import SHARDINGS
-
-    SHARDINGS.get(cfg.cache.sharding, "cache.sharding")
-    if cfg.cache.tp_size is not None:
-        _positive(cfg.cache.tp_size, "cache.tp_size")
-    _positive(cfg.data.num_samples, "data.num_samples")
-    _positive(cfg.data.max_seq_len, "data.max_seq_len")
-    _positive(cfg.draft.vocab_size, "draft.vocab_size")
-    _positive(cfg.draft.ttt_steps, "draft.ttt_steps")
-    _positive(cfg.trainer.vocab_chunk, "trainer.vocab_chunk")
-    from specft.train.target_head import HEAD_PLACEMENTS
-
-    _choice(cfg.trainer.target_head, HEAD_PLACEMENTS, "trainer.target_head")
-    if cfg.trainer.hostfile is not None:
-        from pathlib import Path
-
-        if not Path(cfg.trainer.hostfile).is_file():
-            raise ConfigError(f"trainer.hostfile: no such file: {cfg.trainer.hostfile}")
-    if cfg.trainer.num_nodes is not None:
-        _positive(cfg.trainer.num_nodes, "trainer.num_nodes")
-    _positive(cfg.draft.num_layers, "draft.num_layers")
-    if cfg.draft.name == "mtp" and cfg.draft.hidden_size not in (None, cfg.model.hidden_size):
-        raise ConfigError(f"draft.hidden_size: an mtp module shares the target's head, so its width is "
-                          f"the target's ({cfg.model.hidden_size}); got {cfg.draft.hidden_size}")
-    if cfg.draft.name == "mtp" and cfg.draft.num_layers != 1:
-        raise ConfigError(f"draft.num_layers: an mtp module has one decoder layer; allowed: 1, "
-                          f"got {cfg.draft.num_layers}")
-    heads = cfg.draft.num_heads or cfg.model.num_heads
-    kv = cfg.draft.num_kv_heads or (cfg.model.num_kv_heads if not cfg.draft.num_heads else heads)
-    if heads % kv:
-        raise ConfigError(f"draft.num_kv_heads: must divide num_heads={heads}, got {kv}")
-    t = cfg.trainer
-    for name in ("max_steps", "micro_batch_size", "grad_accum", "lr", "nproc", "save_every", "keep_last", "log_every"):
-        _positive(getattr(t, name), f"trainer.{name}")
-    _choice(t.zero_stage, (0, 1, 2, 3), "trainer.zero_stage")
-    _choice(t.precision, PRECISIONS, "trainer.precision")
-    _choice(cfg.logger.name, ("jsonl", "wandb"), "logger.name")
-    # Registries are checked late-bound so config.py does not import the heavy stages.
-    from specft.draft import DRAFT_HEADS
-    from specft.train.losses import LOSSES
-
-    DRAFT_HEADS.get(cfg.draft.name, "draft.name")
-    for name in (cfg.loss.terms or {cfg.loss.name: 1.0}):
-        LOSSES.get(name, "loss.terms" if cfg.loss.terms else "loss.name")
-    if not 0.0 <= t.val_fraction < 1.0:
-        raise ConfigError(f"trainer.val_fraction: must be in [0, 1), got {t.val_fraction}")
-    _choice(t.val_data, VAL_DATA, "trainer.val_data")
-    _choice(cfg.draft.vocab_fill, VOCAB_FILLS, "draft.vocab_fill")
-    _positive(t.val_samples, "trainer.val_samples")
-    if t.val_data == "heldout" and cfg.data.split != "train":
-        raise ConfigError(f"trainer.val_data=heldout validates on the data's validation side, which "
-                          f"data.split={cfg.data.split} trains on; set data.split=train")
-    if cfg.draft.step_weights is not None and len(cfg.draft.step_weights) != cfg.draft.ttt_steps:
-        raise ConfigError(f"draft.step_weights: one weight per TTT step; draft.ttt_steps="
-                          f"{cfg.draft.ttt_steps}, got {len(cfg.draft.step_weights)}")
-    if t.feature_noise < 0:
-        raise ConfigError(f"trainer.feature_noise: must be >= 0, got {t.feature_noise}")
-    if not 0.0 < t.mix_fraction < 1.0:
-        raise ConfigError(f"trainer.mix_fraction: must be in (0, 1), got {t.mix_fraction}")
-    from specft.quant.spec import load_quant_config
-
-    if cfg.draft.quant is not None:
-        load_quant_config(cfg.draft.quant, "draft.quant")
-    if t.mix_quant is not None:
-        load_quant_config(t.mix_quant, "trainer.mix_quant")
-    _validate_data(cfg.data)
-    _validate_eval(cfg.eval)
-    _choice(cfg.plan.strategy, ("zero3", "tp"), "plan.strategy")
-    for n in cfg.plan.devices:
-        _positive(n, "plan.devices")
-
-
-def _validate_eval(e: EvalConfig) -> None:
-    for k in e.k:
-        if not 1 <= k <= 16:
-            raise ConfigError(f"eval.k: draft lengths must be in 1..16, got {k}")
-    for b in e.batch_sizes:
-        _positive(b, "eval.batch_sizes")
-    _positive(e.num_prompts, "eval.num_prompts")
-    _positive(e.max_new_tokens, "eval.max_new_tokens")
-    _choice(e.dtype, ("float32", "float64", "bfloat16"), "eval.dtype")
-    if e.labels is not None and len(e.labels) != len(e.drafts):
-        raise ConfigError(f"eval.labels: one label per draft; {len(e.drafts)} drafts, {len(e.labels)} labels")
-    if e.temperature < 0 or not 0 < e.top_p <= 1 or e.top_k < 0:
-        raise ConfigError(f"eval: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
-                          f"{e.temperature}, {e.top_p}, {e.top_k}")
-    if not 0 <= e.min_confidence < 1:
-        raise ConfigError(f"eval.min_confidence: must be in [0, 1), got {e.min_confidence}")
-
-
-SPLITS = ("all", "train", "validation")
-
-
-def _validate_data(d: DataConfig) -> None:
-    from specft.data import mix_members
-    from specft.data.sources import DATA_SOURCES
-
-    if d.name == "mix":
-        for member in mix_members(d):
-            _validate_data(member)
-        return
-    DATA_SOURCES.get(d.name, "data.name")
-    if d.name != "synthetic" and not d.path:
-        raise ConfigError(f"data.path: required for data.name={d.name}")
-    _choice(d.split, SPLITS, "data.split")
-    _choice(d.overlength, ("truncate", "drop"), "data.overlength")
-    if not 0.0 <= d.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction: must be in [0, 1), got {d.val_fraction}")
-    if d.split == "validation" and d.val_fraction == 0:
-        raise ConfigError("data.split=validation needs data.val_fraction > 0")
-    _positive(d.min_turns, "data.min_turns")
-    r = d.regenerate
-    _positive(r.max_new_tokens, "data.regenerate.max_new_tokens")
-    _positive(r.batch_size, "data.regenerate.batch_size")
-    if r.temperature < 0 or not 0 < r.top_p <= 1 or r.top_k < 0:
-        raise ConfigError(f"data.regenerate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
-                          f"{r.temperature}, {r.top_p}, {r.top_k}")

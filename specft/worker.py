@@ -13,8 +13,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from specft.config import RootConfig, to_schema
+from specft.config import RootConfig
 from specft.errors import SpecftError
+from specft.validate import to_schema
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def run(cfg: RootConfig, command: str) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specft.cli import setup_logging
+    from specft.logs import setup_logging
 
     parser = argparse.ArgumentParser(prog="specft.worker")
     parser.add_argument("--config", required=True)

@@ -22,7 +22,7 @@ def quant_cfg(name: str) -> QuantConfig:
 def root_cfg(*overrides: str, run_dir="unset"):
     """A validated RootConfig composed from conf/ exactly as the CLI does."""
     from specft.cli import compose
-    from specft.config import to_schema
+    from specft.validate import to_schema
 
     cfg = compose(list(overrides))
     OmegaConf.update(cfg, "run_dir", str(run_dir), force_add=True)

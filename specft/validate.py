@@ -1,0 +1,251 @@
+"""Config validation that runs before any model loads: a composed config merged onto the
+schema (specft/config.py), then checked group by group. A bad value raises ConfigError
+with one line naming the field and what is allowed; choice lists come from the
+registries that hold the choices (sources, draft heads, losses, shardings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from specft.config import (
+    CACHE_DTYPES,
+    DTYPES,
+    MODEL_FAMILIES,
+    MODEL_SOURCES,
+    PRECISIONS,
+    VAL_DATA,
+    VOCAB_FILLS,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    RootConfig,
+    aux_layer_ids,
+    default_aux_layer_ids,
+)
+from specft.data import mix_members
+from specft.data.sources import DATA_SOURCES
+from specft.draft import DRAFT_HEADS
+from specft.errors import ConfigError
+from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
+from specft.quant.formats import ELEMENT_FORMATS, FloatFormat, IntFormat
+from specft.quant.spec import load_quant_config
+from specft.target.sharding import SHARDINGS
+from specft.train.losses import LOSSES
+from specft.train.target_head import HEAD_PLACEMENTS
+
+
+def to_schema(cfg: DictConfig | dict) -> RootConfig:
+    """Merge a composed config onto the schema (type-checks every field) and validate."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
+        root: RootConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        msg = str(err).splitlines()[0]
+        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+    validate(root)
+    return root
+
+
+def _choice(value: Any, allowed, field_name: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field_name}: {value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+
+
+def _positive(value: int | float, field_name: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{field_name}: must be > 0, got {value}")
+
+
+def validate_model(m: ModelConfig) -> None:
+    _choice(m.source, MODEL_SOURCES, "model.source")
+    _choice(m.family, MODEL_FAMILIES, "model.family")
+    _choice(m.dtype, DTYPES, "model.dtype")
+    for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size"):
+        _positive(getattr(m, name), f"model.{name}")
+    if m.source == "hf" and not m.path:
+        raise ConfigError("model.path: required for model.source=hf (a local directory or a hub id)")
+    ids = aux_layer_ids(m)
+    if len(ids) != 3:
+        raise ConfigError(f"model.aux_layer_ids: EAGLE-3 fuses 3 layers, got {len(ids)}: {ids}")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"model.aux_layer_ids: each layer once; got {ids} (three distinct layers, "
+                          f"e.g. {default_aux_layer_ids(m.num_layers)})")
+    for i in ids:
+        if not 0 <= i < m.num_layers:
+            raise ConfigError(f"model.aux_layer_ids: layer {i} is past the model's depth; "
+                              f"allowed: 0..{m.num_layers - 1} ({m.name} has {m.num_layers} layers)")
+
+
+# Hardware block formats need whole blocks along the reduction dim; group and block
+# scales pad a partial last group, as serving kernels do.
+HARDWARE_BLOCK_SCHEMES = ("mx", "nvfp4")
+
+
+def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig) -> None:
+    _choice(spec.format, sorted(ELEMENT_FORMATS), f"{prefix}.format")
+    _choice(spec.scheme, SCHEMES, f"{prefix}.scheme")
+    fmt = ELEMENT_FORMATS[spec.format]
+    if spec.scheme == "mx":
+        _choice(spec.scale_rule, MX_SCALE_RULES, f"{prefix}.scale_rule")
+        if not isinstance(fmt, FloatFormat):
+            raise ConfigError(f"{prefix}.format: MX blocks need e4m3, e5m2 or e2m1, got {spec.format!r}")
+    if spec.scheme == "nvfp4" and spec.format != "e2m1":
+        raise ConfigError(f"{prefix}.format: nvfp4 uses e2m1 elements, got {spec.format!r}")
+    if not spec.symmetric and not isinstance(fmt, IntFormat):
+        raise ConfigError(f"{prefix}.symmetric: asymmetric (zero point) needs int4 or int8, got {spec.format!r}")
+    if not spec.dynamic and spec.scheme != "tensor":
+        raise ConfigError(f"{prefix}.dynamic: static scales are per tensor; set scheme=tensor, got {spec.scheme!r}")
+    _positive(spec.block_size, f"{prefix}.block_size")
+    if spec.scheme in HARDWARE_BLOCK_SCHEMES:
+        for dim_name in ("hidden_size", "intermediate_size"):
+            dim = getattr(model, dim_name)
+            if dim % spec.block_size:
+                raise ConfigError(f"{prefix}.block_size must divide {dim_name}={dim}, got {spec.block_size}")
+
+
+def validate_quant(cfg: RootConfig) -> None:
+    q = cfg.quant
+    if q.weight is not None:
+        _validate_tensor_spec(q.weight, "quant.weight", cfg.model)
+    if q.activation is not None:
+        _validate_tensor_spec(q.activation, "quant.activation", cfg.model)
+        if q.activation.scheme == "block":
+            raise ConfigError("quant.activation.scheme: block (B x B) scales are for weights; "
+                              "use group for activations")
+    if q.kv is not None:
+        _validate_tensor_spec(q.kv, "quant.kv", cfg.model)
+        _choice(q.kv.scheme, ("tensor", "token"), "quant.kv.scheme")
+
+
+def validate_cache(cfg: RootConfig) -> None:
+    c = cfg.cache
+    _choice(c.dtype, CACHE_DTYPES, "cache.dtype")
+    _positive(c.samples_per_shard, "cache.samples_per_shard")
+    _positive(c.batch_size, "cache.batch_size")
+    SHARDINGS.get(c.sharding, "cache.sharding")
+    if c.tp_size is not None:
+        _positive(c.tp_size, "cache.tp_size")
+
+
+def validate_draft(cfg: RootConfig) -> None:
+    d = cfg.draft
+    DRAFT_HEADS.get(d.name, "draft.name")
+    for name in ("vocab_size", "ttt_steps", "num_layers"):
+        _positive(getattr(d, name), f"draft.{name}")
+    _choice(d.vocab_fill, VOCAB_FILLS, "draft.vocab_fill")
+    if d.name == "mtp" and d.hidden_size not in (None, cfg.model.hidden_size):
+        raise ConfigError(f"draft.hidden_size: an mtp module shares the target's head, so its width is "
+                          f"the target's ({cfg.model.hidden_size}); got {d.hidden_size}")
+    if d.name == "mtp" and d.num_layers != 1:
+        raise ConfigError(f"draft.num_layers: an mtp module has one decoder layer; allowed: 1, got {d.num_layers}")
+    heads = d.num_heads or cfg.model.num_heads
+    kv = d.num_kv_heads or (cfg.model.num_kv_heads if not d.num_heads else heads)
+    if heads % kv:
+        raise ConfigError(f"draft.num_kv_heads: must divide num_heads={heads}, got {kv}")
+    if d.step_weights is not None and len(d.step_weights) != d.ttt_steps:
+        raise ConfigError(f"draft.step_weights: one weight per TTT step; draft.ttt_steps="
+                          f"{d.ttt_steps}, got {len(d.step_weights)}")
+    if d.quant is not None:
+        load_quant_config(d.quant, "draft.quant")
+
+
+def validate_loss(cfg: RootConfig) -> None:
+    for name in (cfg.loss.terms or {cfg.loss.name: 1.0}):
+        LOSSES.get(name, "loss.terms" if cfg.loss.terms else "loss.name")
+
+
+def validate_trainer(cfg: RootConfig) -> None:
+    t = cfg.trainer
+    for name in ("max_steps", "micro_batch_size", "grad_accum", "lr", "nproc", "save_every", "keep_last",
+                 "log_every", "vocab_chunk", "val_samples"):
+        _positive(getattr(t, name), f"trainer.{name}")
+    _choice(t.zero_stage, (0, 1, 2, 3), "trainer.zero_stage")
+    _choice(t.precision, PRECISIONS, "trainer.precision")
+    _choice(t.target_head, HEAD_PLACEMENTS, "trainer.target_head")
+    if t.hostfile is not None and not Path(t.hostfile).is_file():
+        raise ConfigError(f"trainer.hostfile: no such file: {t.hostfile}")
+    if t.num_nodes is not None:
+        _positive(t.num_nodes, "trainer.num_nodes")
+    if not 0.0 <= t.val_fraction < 1.0:
+        raise ConfigError(f"trainer.val_fraction: must be in [0, 1), got {t.val_fraction}")
+    _choice(t.val_data, VAL_DATA, "trainer.val_data")
+    if t.val_data == "heldout" and cfg.data.split != "train":
+        raise ConfigError(f"trainer.val_data=heldout validates on the data's validation side, which "
+                          f"data.split={cfg.data.split} trains on; set data.split=train")
+    if t.feature_noise < 0:
+        raise ConfigError(f"trainer.feature_noise: must be >= 0, got {t.feature_noise}")
+    if not 0.0 < t.mix_fraction < 1.0:
+        raise ConfigError(f"trainer.mix_fraction: must be in (0, 1), got {t.mix_fraction}")
+    if t.mix_quant is not None:
+        load_quant_config(t.mix_quant, "trainer.mix_quant")
+
+
+def validate_plan(cfg: RootConfig) -> None:
+    _choice(cfg.plan.strategy, ("zero3", "tp"), "plan.strategy")
+    for n in cfg.plan.devices:
+        _positive(n, "plan.devices")
+
+
+def validate(cfg: RootConfig) -> None:
+    """Every group, in the order a user reads the config."""
+    validate_model(cfg.model)
+    validate_quant(cfg)
+    validate_cache(cfg)
+    _positive(cfg.data.num_samples, "data.num_samples")
+    _positive(cfg.data.max_seq_len, "data.max_seq_len")
+    validate_draft(cfg)
+    validate_trainer(cfg)
+    _choice(cfg.logger.name, ("jsonl", "wandb"), "logger.name")
+    validate_loss(cfg)
+    _validate_data(cfg.data)
+    _validate_eval(cfg.eval)
+    validate_plan(cfg)
+
+
+def _validate_eval(e: EvalConfig) -> None:
+    for k in e.k:
+        if not 1 <= k <= 16:
+            raise ConfigError(f"eval.k: draft lengths must be in 1..16, got {k}")
+    for b in e.batch_sizes:
+        _positive(b, "eval.batch_sizes")
+    _positive(e.num_prompts, "eval.num_prompts")
+    _positive(e.max_new_tokens, "eval.max_new_tokens")
+    _choice(e.dtype, ("float32", "float64", "bfloat16"), "eval.dtype")
+    if e.labels is not None and len(e.labels) != len(e.drafts):
+        raise ConfigError(f"eval.labels: one label per draft; {len(e.drafts)} drafts, {len(e.labels)} labels")
+    if e.temperature < 0 or not 0 < e.top_p <= 1 or e.top_k < 0:
+        raise ConfigError(f"eval: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
+                          f"{e.temperature}, {e.top_p}, {e.top_k}")
+    if not 0 <= e.min_confidence < 1:
+        raise ConfigError(f"eval.min_confidence: must be in [0, 1), got {e.min_confidence}")
+
+
+SPLITS = ("all", "train", "validation")
+
+
+def _validate_data(d: DataConfig) -> None:
+    if d.name == "mix":
+        for member in mix_members(d):
+            _validate_data(member)
+        return
+    DATA_SOURCES.get(d.name, "data.name")
+    if d.name != "synthetic" and not d.path:
+        raise ConfigError(f"data.path: required for data.name={d.name}")
+    _choice(d.split, SPLITS, "data.split")
+    _choice(d.overlength, ("truncate", "drop"), "data.overlength")
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction: must be in [0, 1), got {d.val_fraction}")
+    if d.split == "validation" and d.val_fraction == 0:
+        raise ConfigError("data.split=validation needs data.val_fraction > 0")
+    _positive(d.min_turns, "data.min_turns")
+    r = d.regenerate
+    _positive(r.max_new_tokens, "data.regenerate.max_new_tokens")
+    _positive(r.batch_size, "data.regenerate.batch_size")
+    if r.temperature < 0 or not 0 < r.top_p <= 1 or r.top_k < 0:
+        raise ConfigError(f"data.regenerate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
+                          f"{r.temperature}, {r.top_p}, {r.top_k}")

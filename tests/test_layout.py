@@ -1,0 +1,73 @@
+"""The package's layout: no import cycles among specft's modules, counting the imports
+inside functions too (a deferred import hides a cycle, it does not remove it)."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specft"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(node: ast.AST, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the importing module's package up
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the specft modules it imports; importing a.b.c also runs package a.b's
+    __init__, an edge unless the importer lives in that package."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "module", None) == "__future__":
+                continue
+            for target in _imported(node, package):
+                parts = target.split(".")
+                for i in range(2, len(parts) + 1):
+                    dep = ".".join(parts[:i])
+                    inside = name == dep or name.startswith(dep + ".")
+                    if dep in graph and not inside:
+                        graph[name].add(dep)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
