@@ -105,10 +105,10 @@ def quantized_target(quant: str, calib: list[list[int]]):
 
 
 def random_draft(mcfg, model, vocab: int = 32000):
-    from specft.draft import Eagle3Config, Eagle3Draft
+    from specft.drafts import DraftHeadConfig, Eagle3Draft
 
     torch.manual_seed(0)
-    c = Eagle3Config(hidden_size=mcfg.hidden_size, num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads,
+    c = DraftHeadConfig(hidden_size=mcfg.hidden_size, num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads,
                      head_dim=mcfg.head_dim, intermediate_size=mcfg.intermediate_size,
                      target_vocab_size=mcfg.vocab_size, draft_vocab_size=vocab)
     emb = model.get_input_embeddings().weight.detach()
@@ -209,9 +209,9 @@ def instrument(model) -> PhaseTimer:
     from transformers import cache_utils
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    import specft.decoding.engine as engine
+    import specft.decoding.sampling as sampling
     import specft.quant.apply as qapply
-    import specft.spec.engine as engine
-    import specft.spec.sampling as sampling
 
     timer = PhaseTimer()
     names = {id(m): n for n, m in model.named_modules()}
@@ -240,7 +240,7 @@ def instrument(model) -> PhaseTimer:
         timer._undo.append((None, impl, original))
     layers = [cache_utils.DynamicLayer]
     with contextlib.suppress(ImportError):  # specft's in-place cache, where this code has it
-        from specft.spec.kv_cache import InPlaceLayer
+        from specft.decoding.kv_cache import InPlaceLayer
 
         layers.append(InPlaceLayer)
     for cls in layers:
@@ -335,11 +335,11 @@ def regenerate_path(model, tokenizer, prompts, new_tokens: int) -> dict:
 
 
 def eval_path(model, tokenizer, prompts, new_tokens: int, draft=None, k: int = 0) -> dict:
-    from specft.spec import SpecDecoder
-    from specft.spec.draft import DRAFT_RUNNERS
+    from specft.decoding import SpecDecoder
+    from specft.decoding.draft import ChainRunner
     from specft.target.loader import stop_token_ids
 
-    runner = DRAFT_RUNNERS.get("eagle3", "draft")(draft) if draft is not None else None
+    runner = ChainRunner(draft) if draft is not None else None
     decoder = SpecDecoder(model, runner, [1, 14, 26] if draft is not None else None,
                           stop_token_ids(tokenizer, model), tokenizer.pad_token_id or 0)
     res = decoder.generate(prompts, k, new_tokens)
@@ -353,11 +353,11 @@ def eval_path(model, tokenizer, prompts, new_tokens: int, draft=None, k: int = 0
 def round_parts(model, draft, prompts, k: int, reps: int) -> dict:
     """The parts of one round timed apart: the draft's propose (k steps) + extend (the kept
     positions), and one (k+1)-token target forward."""
-    from specft.spec.draft import DRAFT_RUNNERS
-    from specft.spec.engine import SpecDecoder
-    from specft.spec.sampling import SamplingConfig
+    from specft.decoding.draft import ChainRunner
+    from specft.decoding.engine import SpecDecoder
+    from specft.decoding.sampling import SamplingConfig
 
-    runner = DRAFT_RUNNERS.get("eagle3", "draft")(draft)
+    runner = ChainRunner(draft)
     dec = SpecDecoder(model, runner, [1, 14, 26], set(), 0)
     s = SamplingConfig()
     state = dec._prefill(prompts, s, None, torch.device("cpu"))
@@ -432,7 +432,7 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
     if "spec" in args.paths:
         import statistics
 
-        from specft.spec.engine import SpecDecoder
+        from specft.decoding.engine import SpecDecoder
 
         draft = random_draft(mcfg, model)
         spent = {"_round": [], "_emit": []}  # a loop iteration: the round, then emitting its tokens

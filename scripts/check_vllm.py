@@ -53,7 +53,7 @@ def save_mxfp4_weights(cfg, out: Path) -> Path:
     """The target with MXFP4 weights (specft's fake quantization), activations 16-bit,
     saved as a plain checkpoint (once)."""
     from specft.quant import apply_quant
-    from specft.quant.spec import QuantConfig, load_quant_config
+    from specft.quant.config import QuantConfig, load_quant_config
     from specft.target import load_target
 
     if (out / "config.json").exists():
@@ -73,10 +73,10 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     k, ``batch`` prompts at a time (after one untimed warm-up round). A quantized export is
     matched by fake-quantizing the draft the same way (weights and activations)."""
     from specft.config import aux_layer_ids
+    from specft.decoding import SamplingConfig, SpecDecoder
+    from specft.decoding.draft import ChainRunner
     from specft.eval.drafts import load_draft, share_target_embedding
     from specft.eval.runner import load_prompts
-    from specft.spec import SamplingConfig, SpecDecoder
-    from specft.spec.draft import DRAFT_RUNNERS
     from specft.target import load_target
     from specft.target.loader import stop_token_ids
 
@@ -86,14 +86,14 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     eos, pad = stop_token_ids(tokenizer, target), tokenizer.pad_token_id or 0
     draft, meta = load_draft(checkpoint, torch.float32)
     if draft_quant not in ("none", "auto") and meta.get("draft_quant") != draft_quant:
-        from specft.draft.qat import apply_draft_qat
-        from specft.quant.spec import load_quant_config
+        from specft.drafts.qat import apply_draft_qat
+        from specft.quant.config import load_quant_config
 
         apply_draft_qat(draft, load_quant_config(draft_quant))
     share_target_embedding(draft, target)
     runs = []
     for k in [0, *ks]:
-        runner = DRAFT_RUNNERS.get("eagle3", "draft")(draft) if k else None
+        runner = ChainRunner(draft) if k else None
         decoder = SpecDecoder(target, runner, aux_layer_ids(cfg.model), eos, pad)
         decoder.generate(prompts[:1], k, 4, SamplingConfig(0.0))  # warm-up: first calls allocate
         tokens, start = [], time.perf_counter()

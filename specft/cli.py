@@ -220,8 +220,8 @@ def _info(args: list[str]) -> int:
 def _export(args: list[str]) -> int:
     import argparse
 
+    from specft.drafts.layouts import LAYOUTS
     from specft.export import QUANT_KINDS, export_draft
-    from specft.export.layouts import LAYOUTS
 
     parser = argparse.ArgumentParser(prog="specft export", description="Write a trained draft in a "
                                      "layout serving engines load.")

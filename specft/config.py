@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from specft.quant.spec import QuantConfig
+from specft.quant.config import QuantConfig
 
 MODEL_SOURCES = ("hf", "gguf", "tiny", "smollm2_package")
 MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from specft.config import ModelConfig, PlanConfig
 from specft.errors import SpecftError
-from specft.quant.spec import QuantConfig
+from specft.quant.config import QuantConfig
 
 GB = 1e9
 SCALE_BITS = {"mx": 8, "nvfp4": 8, "group": 16, "block": 32, "channel": 32, "tensor": 0, "token": 0}

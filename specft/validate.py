@@ -28,11 +28,11 @@ from specft.config import (
 )
 from specft.data import mix_members
 from specft.data.sources import DATA_SOURCES
-from specft.draft import DRAFT_HEADS
+from specft.drafts import DRAFT_ARCHS
 from specft.errors import ConfigError
+from specft.quant.config import load_quant_config
 from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
 from specft.quant.formats import ELEMENT_FORMATS, FloatFormat, IntFormat
-from specft.quant.spec import load_quant_config
 from specft.target.sharding import SHARDINGS
 from specft.train.losses import LOSSES
 from specft.train.target_head import HEAD_PLACEMENTS
@@ -134,15 +134,12 @@ def validate_cache(cfg: RootConfig) -> None:
 
 def validate_draft(cfg: RootConfig) -> None:
     d = cfg.draft
-    DRAFT_HEADS.get(d.name, "draft.name")
+    arch = DRAFT_ARCHS.get(d.name, "draft.name")
     for name in ("vocab_size", "ttt_steps", "num_layers"):
         _positive(getattr(d, name), f"draft.{name}")
     _choice(d.vocab_fill, VOCAB_FILLS, "draft.vocab_fill")
-    if d.name == "mtp" and d.hidden_size not in (None, cfg.model.hidden_size):
-        raise ConfigError(f"draft.hidden_size: an mtp module shares the target's head, so its width is "
-                          f"the target's ({cfg.model.hidden_size}); got {d.hidden_size}")
-    if d.name == "mtp" and d.num_layers != 1:
-        raise ConfigError(f"draft.num_layers: an mtp module has one decoder layer; allowed: 1, got {d.num_layers}")
+    if arch.check is not None:
+        arch.check(d, cfg.model)
     heads = d.num_heads or cfg.model.num_heads
     kv = d.num_kv_heads or (cfg.model.num_kv_heads if not d.num_heads else heads)
     if heads % kv:

@@ -33,7 +33,7 @@ def _with_quant(cfg: RootConfig, name: str) -> RootConfig:
     """The same run with another target quant config (for mixed-target training)."""
     import dataclasses
 
-    from specft.quant.spec import load_quant_config
+    from specft.quant.config import load_quant_config
 
     return dataclasses.replace(cfg, quant=load_quant_config(name, "trainer.mix_quant"))
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specft.config import ModelConfig
-from specft.quant.spec import QuantConfig, load_quant_config
+from specft.quant.config import QuantConfig, load_quant_config
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 

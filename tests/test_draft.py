@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft, build_draft_vocab
+from specft.drafts import DraftHeadConfig, Eagle3Draft, MtpDraft, build_draft_vocab
 from specft.train.losses import (
     LossInputs,
     MixtureLoss,
@@ -72,7 +72,7 @@ def test_target_prior_is_the_mean_next_token_distribution():
 
 def _draft(qk_norm=False):
     torch.manual_seed(0)
-    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
+    c = DraftHeadConfig(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
                      target_vocab_size=50, draft_vocab_size=20, rope_theta=10000.0, qk_norm=qk_norm)
     return Eagle3Draft(c, torch.randn(50, 16), torch.arange(0, 40, 2))
 
@@ -99,14 +99,14 @@ def test_ttt_step_matches_chain_drafting_by_hand():
             p = 5
             h0 = g[:, : p + 1] + attn.o_proj(_attend(q0[:, :, : p + 1], k0[:, :, : p + 1], v0[:, :, : p + 1])
                                              .transpose(1, 2).reshape(1, p + 1, -1))
-            h0 = h0 + layer._mlp(layer.post_attention_layernorm(h0))
+            h0 = h0 + layer.mlp(layer.post_attention_layernorm(h0))
             x1 = torch.cat([layer.input_layernorm(d.embed_tokens(ids[:, p + 2: p + 3])),
                             layer.hidden_norm(h0[:, p: p + 1])], -1)
             q1, k1, v1 = attn.qkv(x1, torch.tensor([p + 1]))
             keys = torch.cat([k0[:, :, : p + 1], k1], 2)
             vals = torch.cat([v0[:, :, : p + 1], v1], 2)
             h1 = h0[:, p: p + 1] + attn.o_proj(_attend(q1, keys, vals).transpose(1, 2).reshape(1, 1, -1))
-            h1 = h1 + layer._mlp(layer.post_attention_layernorm(h1))
+            h1 = h1 + layer.mlp(layer.post_attention_layernorm(h1))
             torch.testing.assert_close(logits[0][0, p], d.lm_head(d.norm(h0[0, p])))
             torch.testing.assert_close(logits[1][0, p], d.lm_head(d.norm(h1[0, 0])))
 
@@ -148,7 +148,7 @@ def test_ttt_objective_shifts_and_masks_per_step():
 
 def test_mtp_step_is_a_causal_block_over_the_shifted_sequence_by_hand():
     torch.manual_seed(0)
-    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
+    c = DraftHeadConfig(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
                      target_vocab_size=50, draft_vocab_size=20, qk_norm=True)
     lm_head = torch.randn(50, 16)
     vocab = torch.arange(0, 40, 2)
@@ -169,7 +169,7 @@ def test_mtp_step_is_a_causal_block_over_the_shifted_sequence_by_hand():
 
 def test_extra_eagle3_layers_chain_and_keep_their_own_ttt_keys():
     torch.manual_seed(0)
-    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=4, head_dim=4, intermediate_size=32,
+    c = DraftHeadConfig(hidden_size=16, num_heads=4, num_kv_heads=4, head_dim=4, intermediate_size=32,
                      target_vocab_size=50, draft_vocab_size=20, num_layers=3)
     d = Eagle3Draft(c, torch.randn(50, 16), torch.arange(0, 40, 2))
     assert len(d.extra_layers) == 2 and d.extra_layers[0].self_attn.q_proj.in_features == 16
@@ -208,7 +208,7 @@ def test_eval_draft_shares_the_target_embedding_only_when_it_is_a_copy():
     from specft.eval.drafts import share_target_embedding
     from specft.eval.runner import _bytes
 
-    c = Eagle3Config(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
+    c = DraftHeadConfig(hidden_size=16, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=32,
                      target_vocab_size=50, draft_vocab_size=20)
     emb = torch.randn(50, 16)
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft
-from specft.draft.qat import apply_draft_qat
+from specft.drafts import DraftHeadConfig, Eagle3Draft, MtpDraft
+from specft.drafts.qat import apply_draft_qat
 from specft.eval.drafts import load_draft
+from specft.quant.config import QuantConfig, load_quant_config
 from specft.quant.fake_quant import TensorQuantSpec, fake_quant
-from specft.quant.spec import QuantConfig, load_quant_config
 from specft.train.checkpoint import write_draft_files
 
 from conftest import run_cli
@@ -23,7 +23,7 @@ AUX = [1, 2, 3]
 def _checkpoint(tmp_path, arch="eagle3", draft_quant=None, full_vocab=False, qk_norm=False, verifier=None):
     torch.manual_seed(0)
     vd = V if full_vocab else VD
-    c = Eagle3Config(hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+    c = DraftHeadConfig(hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
                      target_vocab_size=V, draft_vocab_size=vd, num_layers=2 if arch == "eagle3" else 1,
                      target_hidden_size=H, qk_norm=qk_norm)
     d2t = torch.arange(V) if full_vocab else torch.sort(torch.randperm(V)[:VD]).values
@@ -68,7 +68,7 @@ def read_export(folder):
 
 
 def rebuild_eagle3(config, tensors):
-    c = Eagle3Config(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
+    c = DraftHeadConfig(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
                      num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
                      intermediate_size=config["intermediate_size"], target_vocab_size=config["vocab_size"],
                      draft_vocab_size=config["draft_vocab_size"], rms_norm_eps=config["rms_norm_eps"],
@@ -87,7 +87,7 @@ def rebuild_eagle3(config, tensors):
 
 def rebuild_mtp(config, tensors, layers):
     prefix = f"model.layers.{layers}."
-    c = Eagle3Config(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
+    c = DraftHeadConfig(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
                      num_kv_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
                      intermediate_size=config["intermediate_size"], target_vocab_size=config["vocab_size"],
                      draft_vocab_size=config["vocab_size"], rms_norm_eps=config["rms_norm_eps"])

@@ -8,9 +8,9 @@ from specft.config import RegenerateConfig
 from specft.data import load_conversations
 from specft.data.regenerate import generate_batch
 from specft.data.template import prompt_ids
+from specft.decoding.kv_cache import InPlaceCache
 from specft.quant import apply_quant
 from specft.quant.apply import SharedInput
-from specft.spec.kv_cache import InPlaceCache
 from specft.target import load_target
 
 from helpers import quant_cfg, root_cfg

@@ -3,8 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from specft.draft import Eagle3Config, Eagle3Draft
-from specft.draft.qat import apply_draft_qat
+from specft.drafts import DraftHeadConfig, Eagle3Draft
+from specft.drafts.qat import apply_draft_qat
 from specft.quant import fake_quant
 
 from helpers import quant_cfg
@@ -12,7 +12,7 @@ from helpers import quant_cfg
 
 def _draft():
     torch.manual_seed(0)
-    c = Eagle3Config(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+    c = DraftHeadConfig(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
                      target_vocab_size=100, draft_vocab_size=32)
     return Eagle3Draft(c, torch.randn(100, 64), torch.arange(32) * 3)
 

@@ -4,9 +4,9 @@ import torch
 from test_spec import _setup
 
 from specft.config import aux_layer_ids
-from specft.draft import Eagle3Config, Eagle3Draft
-from specft.spec import SpecDecoder
-from specft.spec.draft import Eagle3Runner
+from specft.decoding import SpecDecoder
+from specft.decoding.draft import ChainRunner
+from specft.drafts import DraftHeadConfig, Eagle3Draft
 from specft.target.features import FeatureCapture
 from specft.train.losses import MixtureLoss
 from specft.train.objective import TargetView, ttt_objective
@@ -36,7 +36,7 @@ def _draft_for(m, seqs, aux, final, predicts, k):
     c = m.config
     torch.manual_seed(0)
     vocab = torch.unique(torch.cat([s for s in seqs]))
-    cfg = Eagle3Config(hidden_size=c.hidden_size, num_heads=c.num_attention_heads,
+    cfg = DraftHeadConfig(hidden_size=c.hidden_size, num_heads=c.num_attention_heads,
                        num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
                        intermediate_size=c.intermediate_size, target_vocab_size=c.vocab_size,
                        draft_vocab_size=len(vocab), qk_norm=True)
@@ -82,7 +82,7 @@ def test_replay_on_the_targets_answers_counts_what_decoding_counts():
     draft, res = _draft_for(m, seqs, aux, final, predicts, k)
     hits = step_hits(res.step_hits, batch.shape[1])
     replayed = [replay_sample(hits[:, row], predicts[row], k, n) for row in range(len(seqs))]
-    decoded = SpecDecoder(m, Eagle3Runner(draft), ids, eos).generate(prompts, k, n)
+    decoded = SpecDecoder(m, ChainRunner(draft), ids, eos).generate(prompts, k, n)
     assert decoded.tokens == answers
     assert [[c.rounds, c.proposed, c.accepted] for c in replayed] == decoded.stats.per_prompt
     assert 0 < decoded.stats.accepted < decoded.stats.proposed  # a test that could fail

@@ -36,7 +36,7 @@ def test_greedy_speculative_decoding_is_exact_on_smollm2():
     from test_spec import NoisyOracle, _reference, _setup
 
     from specft.config import aux_layer_ids
-    from specft.spec import SpecDecoder
+    from specft.decoding import SpecDecoder
 
     cfg, tok, m, prompts = _setup("smollm2_135m", n=16)
     n = 10

@@ -9,11 +9,11 @@ import torch
 from specft.config import aux_layer_ids
 from specft.data import load_conversations
 from specft.data.template import prompt_ids
-from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft
+from specft.decoding import SamplingConfig, SpecDecoder
+from specft.decoding.draft import ChainRunner, TargetAsDraft
+from specft.decoding.sampling import warp
+from specft.drafts import DraftHeadConfig, Eagle3Draft, MtpDraft
 from specft.quant import apply_quant
-from specft.spec import SamplingConfig, SpecDecoder
-from specft.spec.draft import Eagle3Runner, MtpRunner, TargetAsDraft
-from specft.spec.sampling import warp
 from specft.target import load_target, load_tokenizer
 
 from helpers import root_cfg
@@ -162,7 +162,7 @@ def test_dynamic_draft_length_stops_unsure_rows_and_stays_exact():
 
 def _small_eagle(mtp=False):
     torch.manual_seed(0)
-    c = Eagle3Config(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
+    c = DraftHeadConfig(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
                      target_vocab_size=64, draft_vocab_size=40, num_layers=1 if mtp else 2)
     d2t = torch.sort(torch.randperm(64)[:40]).values
     if mtp:
@@ -181,7 +181,7 @@ def test_cached_chain_drafting_equals_the_training_unroll(arch):
     the same tokens (exact for every step for EAGLE-3; for step 0 for MTP, whose later
     training steps attend a separate sequence)."""
     draft = _small_eagle(mtp=arch == "mtp")
-    runner = (MtpRunner if arch == "mtp" else Eagle3Runner)(draft)
+    runner = ChainRunner(draft)
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, 64, (2, 12), generator=gen)
     aux = torch.randn(2, 12, 96, generator=gen, dtype=torch.float64)

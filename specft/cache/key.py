@@ -14,8 +14,8 @@ import dataclasses
 from typing import Any
 
 from specft.config import DataConfig, ModelConfig, RegenerateConfig
+from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import TensorQuantSpec
-from specft.quant.spec import QuantConfig
 
 # Fields that change the cached numbers: which conversations, their tokens and answers,
 # and how the target computes (its weights, quantization and dtype).

@@ -75,7 +75,7 @@ def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateCon
 
 
 def _generate_engine(model, prompts, rc: RegenerateConfig, seed: int, stops: set[int], pad: int):
-    from specft.spec import SamplingConfig, SpecDecoder
+    from specft.decoding import SamplingConfig, SpecDecoder
 
     sampling = SamplingConfig(rc.temperature, rc.top_p, rc.top_k)
     return SpecDecoder(model, None, None, stops, pad).generate(prompts, 0, rc.max_new_tokens, sampling,

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specft.draft import Eagle3Config, Eagle3Draft, MtpDraft
+from specft.drafts import DRAFT_ARCHS, DraftHeadConfig
 from specft.errors import SpecftError
 
 
@@ -43,21 +43,17 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32, field: str 
     folder = resolve_checkpoint(path, field)
     meta, state = _read_checkpoint(folder, field)
     try:
-        c = Eagle3Config(**{f.name: meta[f.name] for f in fields(Eagle3Config) if f.name in meta})
+        c = DraftHeadConfig(**{f.name: meta[f.name] for f in fields(DraftHeadConfig) if f.name in meta})
     except TypeError as err:
         raise SpecftError(f"{field}: {folder / 'draft_config.json'} is incomplete ({err})") from None
-    vd, v = c.draft_vocab_size, c.target_vocab_size
-    placeholder_vocab = torch.arange(vd)
     arch = meta.get("architecture", "eagle3")
-    if arch == "eagle3":
-        draft = Eagle3Draft(c, torch.zeros(v, c.hidden_size), placeholder_vocab)
-    elif arch == "mtp":
-        draft = MtpDraft(c, torch.zeros(v, c.hidden_size), placeholder_vocab, torch.zeros(vd, c.hidden_size))
-    else:
-        raise SpecftError(f"{field}: {folder} holds an unknown architecture {arch!r}")
+    if arch not in DRAFT_ARCHS:
+        raise SpecftError(f"{field}: {folder} holds an unknown architecture {arch!r}; "
+                          f"allowed: {', '.join(DRAFT_ARCHS.names)}")
+    draft = DRAFT_ARCHS.get(arch).empty(c)
     if meta.get("draft_quant"):
-        from specft.draft.qat import apply_draft_qat
-        from specft.quant.spec import load_quant_config
+        from specft.drafts.qat import apply_draft_qat
+        from specft.quant.config import load_quant_config
 
         apply_draft_qat(draft, load_quant_config(meta["draft_quant"], "draft_quant"))
     try:

@@ -12,10 +12,10 @@ import torch
 from tqdm import tqdm
 
 from specft.config import RootConfig, aux_layer_ids
+from specft.decoding import DecodeStats, SamplingConfig, SpecDecoder
+from specft.drafts import DRAFT_ARCHS
 from specft.errors import SpecftError
 from specft.eval.stats import confidence, paired_difference
-from specft.spec import DecodeStats, SamplingConfig, SpecDecoder
-from specft.spec.draft import DRAFT_RUNNERS
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def run_eval(cfg: RootConfig) -> Path:
         for batch in e.batch_sizes:
             reference = None
             for label, draft, k in runs:
-                runner = DRAFT_RUNNERS.get(draft_arch(draft), "draft")(draft) if draft is not None else None
+                runner = DRAFT_ARCHS.get(draft.architecture).runner(draft) if draft is not None else None
                 decoder = SpecDecoder(target, runner, ids, eos, pad)
                 tokens, st = _decode_all(decoder, prompts, k, batch, cfg)
                 weights = target_bytes + (_bytes(draft, shared_with=target) if draft is not None else 0)
@@ -196,12 +196,6 @@ def compare_drafts(records: list[dict], seed: int) -> list[dict]:
                 diff = paired_difference(a["per_prompt"], b["per_prompt"], seed)
                 out.append({"k": key[0], "batch_size": key[1], "a": a["draft"], "b": b["draft"], **diff})
     return out
-
-
-def draft_arch(draft) -> str:
-    from specft.draft import MtpDraft
-
-    return "mtp" if isinstance(draft, MtpDraft) else "eagle3"
 
 
 def _relative(records: list[dict]) -> None:

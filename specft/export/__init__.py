@@ -13,8 +13,9 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from specft.drafts import DRAFT_ARCHS
+from specft.drafts.layouts import LAYOUTS
 from specft.errors import SpecftError
-from specft.export.layouts import LAYOUTS
 from specft.export.packing import PACKERS, compressed_tensors_config
 from specft.export.verifier import verifier_facts
 from specft.paths import require_writable_dir
@@ -36,7 +37,7 @@ def _meta(folder: Path, draft_config: dict) -> dict:
 
 def _quant_spec(kind: str, meta: dict):
     """(packer name, QuantConfig) for the export; auto follows the draft's QAT format."""
-    from specft.quant.spec import load_quant_config
+    from specft.quant.config import load_quant_config
 
     if kind == "auto":
         kind = {"fp8": "fp8", "mxfp4": "mxfp4"}.get(meta.get("draft_quant") or "", "none")
@@ -83,9 +84,10 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eag
     meta = _meta(folder, draft_config)
     arch = meta.get("architecture", "eagle3")
     fmt = LAYOUTS.get(layout, "--layout")()
-    if (arch == "mtp") != (layout == "mtp"):
+    carried_by = DRAFT_ARCHS.get(arch, "architecture").layouts
+    if layout not in carried_by:
         raise SpecftError(f"--layout {layout}: the checkpoint holds an {arch} draft; "
-                          f"use --layout {'mtp' if arch == 'mtp' else 'eagle3 or speculators'}")
+                          f"use --layout {' or '.join(carried_by)}")
     state = {k: v.detach() for k, v in draft.state_dict().items()}
     meta.update(num_layers=meta.get("num_layers", 1),
                 learned_embedding=meta["hidden_size"] != meta.get("target_hidden_size", meta["hidden_size"]))

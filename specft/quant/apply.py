@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from specft.errors import ConfigError
+from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import TensorQuantSpec, fake_quant, static_scale
-from specft.quant.spec import QuantConfig
 
 
 class ActivationQuantizer:

@@ -12,12 +12,12 @@ from omegaconf import OmegaConf
 
 from specft.cache import CacheReader
 from specft.config import RootConfig
-from specft.draft import DRAFT_HEADS, Eagle3Config, build_draft_vocab
-from specft.draft.qat import apply_draft_qat
-from specft.draft.vocab import coverage
+from specft.drafts import DRAFT_ARCHS, DraftHeadConfig, build_draft_vocab
+from specft.drafts.qat import apply_draft_qat
+from specft.drafts.vocab import coverage
 from specft.errors import SpecftError
 from specft.export.verifier import VERIFIER_KEYS
-from specft.quant.spec import load_quant_config
+from specft.quant.config import load_quant_config
 from specft.train.batches import StepSampler, collate
 from specft.train.checkpoint import (
     consolidated_state,
@@ -63,7 +63,7 @@ def build_draft(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | Non
     heads = d.num_heads or target["num_heads"]
     # A custom head count without a kv count means plain multi-head attention.
     kv_heads = d.num_kv_heads or (target["num_kv_heads"] if not d.num_heads else heads)
-    c = Eagle3Config(
+    c = DraftHeadConfig(
         hidden_size=d.hidden_size or cfg.model.hidden_size, target_hidden_size=cfg.model.hidden_size,
         num_heads=heads, num_kv_heads=kv_heads,
         head_dim=d.head_dim or target["head_dim"], num_layers=d.num_layers,
@@ -72,7 +72,7 @@ def build_draft(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | Non
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
     draft_rows = reader.target_head_rows_at(vocab.draft_to_target)
     head = {"embed_tokens": reader.target_embedding(), "draft_rows": draft_rows}
-    draft = DRAFT_HEADS.get(cfg.draft.name, "draft.name")(c, head, vocab)
+    draft = DRAFT_ARCHS.get(cfg.draft.name, "draft.name").build(c, head, vocab)
     if cfg.draft.quant is not None:
         switched = apply_draft_qat(draft, load_quant_config(cfg.draft.quant, "draft.quant"))
         log.info("draft QAT (%s): %d linear layers", cfg.draft.quant, len(switched))

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specft.spec.draft import ChainRunner
-from specft.spec.sampling import SamplingConfig, sample, verify_greedy, verify_sampling, warp
-from specft.spec.target import TargetRunner
+from specft.decoding.draft import ChainRunner
+from specft.decoding.sampling import SamplingConfig, sample, verify_greedy, verify_sampling, warp
+from specft.decoding.target import TargetRunner
 from specft.target.loader import left_pad
 
 

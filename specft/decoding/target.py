@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specft.spec.kv_cache import InPlaceCache
+from specft.decoding.kv_cache import InPlaceCache
 
 
 @dataclass

@@ -2,7 +2,7 @@
 trained draft: chain drafting, greedy or rejection-sampling verification, KV caches for
 both models with per-row rollback, batches whose rows accept different lengths."""
 
-from specft.spec.engine import DecodeResult, DecodeStats, SpecDecoder
-from specft.spec.sampling import SamplingConfig
+from specft.decoding.engine import DecodeResult, DecodeStats, SpecDecoder
+from specft.decoding.sampling import SamplingConfig
 
 __all__ = ["DecodeResult", "DecodeStats", "SamplingConfig", "SpecDecoder"]

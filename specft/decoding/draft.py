@@ -1,4 +1,4 @@
-"""The draft side: chain drafting with a KV cache, for the heads in specft.draft.
+"""The draft side: chain drafting with a KV cache, for the heads in specft.drafts.
 
 The cache holds one entry per context position p, computed as the draft's first step
 there (EAGLE-3: token x[p+1] with fc(target aux features at p); MTP: token x[p+1] with
@@ -19,12 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specft.draft.eagle3 import Eagle3Draft
-from specft.draft.mtp import MtpDraft
-from specft.registry import Registry
-from specft.spec.sampling import SamplingConfig, sample, warp
-
-DRAFT_RUNNERS: Registry = Registry("draft runner")
+from specft.decoding.sampling import SamplingConfig, sample, warp
 
 
 @dataclass
@@ -51,25 +46,23 @@ def _last_valid(valid: torch.Tensor) -> torch.Tensor:
 
 
 class ChainRunner:
-    """Shared cache and chain machinery; subclasses define one draft step."""
+    """Chain drafting with a KV cache for any draft head that offers the training
+    modules' own pieces: ``attention_modules()`` (each with qkv/out), ``start_hidden``,
+    ``decode_step(emb, hidden, attend)`` (the layers' step around ``attend(i, x)``) and
+    ``logits``. Decoding runs the very code training runs; only attention differs."""
 
     def __init__(self, draft):
         self.draft = draft
-        self.attns = self._attention_modules()
-
-    # --- per-architecture pieces -------------------------------------------------
-    def _attention_modules(self) -> list:
-        raise NotImplementedError
+        self.attns = draft.attention_modules()
 
     def _step(self, emb, hidden, attend) -> torch.Tensor:
-        """One draft step over m columns; ``attend(i, x)`` runs attention module i."""
-        raise NotImplementedError
+        return self.draft.decode_step(emb, hidden, attend)
 
     def _start_hidden(self, aux, final) -> torch.Tensor:
-        raise NotImplementedError
+        return self.draft.start_hidden(aux, final)
 
     def _logits(self, hidden) -> torch.Tensor:
-        raise NotImplementedError
+        return self.draft.logits(hidden)
 
     # --- cache ---------------------------------------------------------------------
     def reset(self, batch: int, device) -> None:
@@ -108,7 +101,7 @@ class ChainRunner:
             out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=visible,
                                                  scale=1.0 / math.sqrt(attn.c.head_dim))
             fresh.append((k, v))
-            return attn.o_proj(out.transpose(1, 2).reshape(b, m, -1))
+            return attn.out(out)
 
         hidden = self._step(emb, hidden, attend)
         return hidden, fresh
@@ -167,60 +160,13 @@ class ChainRunner:
         return Proposal(stacked, torch.stack(probs, 1) if probs else None, proposed.clamp(max=stacked.shape[1]))
 
 
-@DRAFT_RUNNERS.register("eagle3")
-class Eagle3Runner(ChainRunner):
-    draft: Eagle3Draft
-
-    def _attention_modules(self):
-        return [layer.self_attn for layer in [self.draft.midlayer, *self.draft.extra_layers]]
-
-    def _start_hidden(self, aux, final):
-        return self.draft.fc(aux.to(self.draft.fc.weight.dtype))
-
-    def _step(self, emb, hidden, attend):
-        for i, layer in enumerate([self.draft.midlayer, *self.draft.extra_layers]):
-            if layer.first:
-                x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
-            else:
-                x = layer.input_layernorm(hidden)
-            h = hidden + attend(i, x)
-            hidden = h + layer._mlp(layer.post_attention_layernorm(h))
-        return hidden
-
-    def _logits(self, hidden):
-        return self.draft.lm_head(self.draft.norm(hidden))
-
-
-@DRAFT_RUNNERS.register("mtp")
-class MtpRunner(ChainRunner):
-    draft: MtpDraft
-
-    def _attention_modules(self):
-        return [self.draft.block.self_attn]
-
-    def _start_hidden(self, aux, final):
-        return final.to(self.draft.eh_proj.weight.dtype)
-
-    def _step(self, emb, hidden, attend):
-        d = self.draft
-        x = d.eh_proj(torch.cat([d.hnorm(hidden), d.enorm(emb)], -1))
-        blk = d.block
-        h = x + attend(0, blk.input_layernorm(x))
-        m = blk.mlp
-        y = blk.post_attention_layernorm(h)
-        return h + m["down_proj"](F.silu(m["gate_proj"](y)) * m["up_proj"](y))
-
-    def _logits(self, hidden):
-        return self.draft.shared_head["norm"](hidden) @ self.draft.head_weight.to(hidden.dtype).T
-
-
 class TargetAsDraft:
     """The target drafting for itself (an oracle): proposes the target's own greedy or
     sampled continuation. An upper bound for acceptance and a check of the engine: under
     greedy verification every proposal must be accepted."""
 
     def __init__(self, model):
-        from specft.spec.target import TargetRunner
+        from specft.decoding.target import TargetRunner
 
         self.runner = TargetRunner(model, None)
         self.draft = None

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specft.errors import ConfigError
+from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import fake_quant_ste
-from specft.quant.spec import QuantConfig
 
 
 def _qat_forward(cfg: QuantConfig):

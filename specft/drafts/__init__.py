@@ -1,0 +1,17 @@
+"""Draft heads: one folder per architecture (eagle3/, mtp/), each registering itself in
+DRAFT_ARCHS (arch.py) under the architecture string draft_config.json records; shared
+layers (layers.py), the draft vocabulary (vocab.py) and draft QAT (qat.py).
+
+A head's forward(input_ids, aux_hidden, final_hidden, steps) returns a DraftOutput
+(logits and hidden states per TTT step); start_hidden / decode_step / logits /
+attention_modules are the pieces decoding (specft/decoding/draft.py) runs."""
+
+from specft.drafts import eagle3, mtp  # noqa: F401  (each registers its architecture)
+from specft.drafts.arch import DRAFT_ARCHS, DraftArch, register_draft
+from specft.drafts.eagle3.model import Eagle3Draft
+from specft.drafts.layers import DraftHeadConfig, DraftOutput
+from specft.drafts.mtp.model import MtpDraft
+from specft.drafts.vocab import DraftVocab, build_draft_vocab
+
+__all__ = ["DRAFT_ARCHS", "DraftArch", "DraftHeadConfig", "DraftOutput", "DraftVocab", "Eagle3Draft", "MtpDraft",
+           "build_draft_vocab", "register_draft"]
