@@ -57,11 +57,11 @@ def check_data_files(cfg: DataConfig) -> None:
     """Every local data file the run will read exists and is a file (one line naming the
     field otherwise): checked before a command writes anything."""
     from specft.data.records import require_file
-    from specft.data.sources import FILE_SOURCES
+    from specft.data.sources import DATA_SOURCES
 
     members = mix_members(cfg) if cfg.name == "mix" else [cfg]
     for i, member in enumerate(members):
-        if member.name in FILE_SOURCES:
+        if getattr(DATA_SOURCES.get(member.name, "data.name"), "reads_file", False):
             require_file(member.path, f"data.mix[{i}].path" if cfg.name == "mix" else "data.path")
 
 

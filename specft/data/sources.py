@@ -24,8 +24,13 @@ from specft.registry import Registry
 
 # A source yields a conversation, or a string naming why a record held none.
 DATA_SOURCES: Registry = Registry("data source")
-# Sources that read the local file data.path (checked before a command writes anything).
-FILE_SOURCES = frozenset({"jsonl", "sharegpt", "gsm8k", "mtbench", "ceval"})
+
+
+def reads_file(source):
+    """Mark a source that reads the local file data.path: the file is checked before a
+    command writes anything."""
+    source.reads_file = True
+    return source
 
 
 @DATA_SOURCES.register("synthetic")
@@ -39,6 +44,7 @@ def synthetic_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversa
 
 
 @DATA_SOURCES.register("jsonl")
+@reads_file
 def jsonl_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
     """One record per line: the messages field (OpenAI style), ShareGPT `conversations`,
     or the prompt/response fields; names configurable in data.*_field."""
@@ -47,6 +53,7 @@ def jsonl_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation
 
 
 @DATA_SOURCES.register("sharegpt")
+@reads_file
 def sharegpt_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
     """A JSON list of {"conversations": [{"from", "value"}]}, or the same records one per
     line (.jsonl)."""
@@ -65,6 +72,7 @@ def sharegpt_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversat
 
 
 @DATA_SOURCES.register("gsm8k")
+@reads_file
 def gsm8k_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
     for rec in jsonl_records(require_file(cfg.path), summary):
         if isinstance(rec.get("question"), str) and isinstance(rec.get("answer"), str):
@@ -75,6 +83,7 @@ def gsm8k_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation
 
 
 @DATA_SOURCES.register("mtbench")
+@reads_file
 def mtbench_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
     """MT-Bench question.jsonl: {"question_id", "category", "turns": [q1, q2, ...]}.
     Answers come from `reference` when present, else the slots stay open for
@@ -96,6 +105,7 @@ CEVAL_OPTIONS = ("A", "B", "C", "D")
 
 
 @DATA_SOURCES.register("ceval")
+@reads_file
 def ceval_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
     """C-Eval CSV (id, question, A, B, C, D, answer[, explanation]): the question and its
     options as the prompt; the answer letter and explanation as the response."""
