@@ -4,6 +4,8 @@ inside functions too (a deferred import hides a cycle, it does not remove it).""
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "specft"
 
 
@@ -71,3 +73,25 @@ def test_no_import_cycles():
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+CONF = PACKAGE / "conf"
+OPTIONS = [(group.name, yaml.stem) for group in sorted(CONF.iterdir()) if group.is_dir()
+           for yaml in sorted(group.glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_shipped_option_composes_and_validates(group, option):
+    """Every YAML of every config group composes with the defaults and passes validation
+    (file-reading data sources get a path, the mix source a member, multinode a hostfile)."""
+    from helpers import root_cfg
+
+    extra = []
+    if group == "data" and option not in ("synthetic", "mix"):
+        extra = ["data.path=somewhere.jsonl"]
+    if group == "data" and option == "mix":
+        extra = ["data.mix=[{name: gsm8k, path: a.jsonl, num_samples: 3}]"]
+    if group == "trainer" and option == "multinode":  # the hostfile must exist
+        extra = [f"trainer.hostfile={CONF / 'trainer' / 'hostfile.example'}"]
+    cfg = root_cfg(f"{group}={option}", *extra)
+    assert getattr(cfg, group) is not None
