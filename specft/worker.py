@@ -1,4 +1,4 @@
-"""One rank's work: stage 1 (cache, if needed) then stage 2 (train).
+"""One rank: its environment, threads and process group, then the job (pipeline.py).
 
 Run in-process for one rank, or by `deepspeed --no_local_rank --module specft.worker
 --config RUN/config.yaml --command train` for several; the rank comes from the env."""
@@ -29,27 +29,9 @@ def _init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _with_quant(cfg: RootConfig, name: str) -> RootConfig:
-    """The same run with another target quant config (for mixed-target training)."""
-    import dataclasses
-
-    from specft.quant.config import load_quant_config
-
-    return dataclasses.replace(cfg, quant=load_quant_config(name, "trainer.mix_quant"))
-
-
-def _with_heldout_data(cfg: RootConfig) -> RootConfig:
-    """The same run on the data's validation side, answers written by the target."""
-    import dataclasses
-
-    from specft.data.select import heldout_side
-
-    return dataclasses.replace(cfg, data=heldout_side(cfg.data, cfg.trainer.val_samples))
-
-
 def run(cfg: RootConfig, command: str) -> Path | None:
-    from specft.cache import ensure_cache
     from specft.launch import set_single_rank_env
+    from specft.pipeline import run_job
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
@@ -63,20 +45,7 @@ def run(cfg: RootConfig, command: str) -> Path | None:
     needs_dist = world > 1 or command == "train" or cfg.cache.sharding in ("zero3", "tp")
     rank, world = _init_distributed() if needs_dist else (0, 1)
     try:
-        cache_dir = ensure_cache(cfg, rank, world, verify=command == "cache")  # `specft cache` checks every checksum
-        if command == "train":
-            from specft.train.trainer import Trainer
-
-            mix_dir = None
-            if cfg.trainer.mix_quant is not None:
-                mix_dir = ensure_cache(_with_quant(cfg, cfg.trainer.mix_quant), rank, world)
-            val_dir = None
-            if cfg.trainer.val_data == "heldout":
-                log.info("validation cache: %d held-out conversations, answers by the target",
-                         cfg.trainer.val_samples)
-                val_dir = ensure_cache(_with_heldout_data(cfg), rank, world)
-            return Trainer(cfg, cache_dir, rank, world, mix_dir, val_dir).train()
-        return cache_dir
+        return run_job(cfg, command, rank, world)
     finally:
         if needs_dist:
             import torch.distributed as dist

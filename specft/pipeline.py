@@ -1,0 +1,46 @@
+"""The job, top to bottom, for one rank (worker.py sets the rank up and calls run_job):
+
+1. stage 1: the training cache (built or repaired if needed; `specft cache` hashes all);
+2. the other caches training reads: the held-out cache with the target's own answers
+   (trainer.val_data=heldout) and a second target's cache (trainer.mix_quant);
+3. stage 2: train the draft; the final checkpoint's folder is the result.
+
+`specft eval` and `specft export` read a finished run (eval/, export/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+from specft.cache import ensure_cache
+from specft.config import RootConfig
+from specft.data.select import heldout_side
+from specft.quant.config import load_quant_config
+
+log = logging.getLogger(__name__)
+
+
+def with_quant(cfg: RootConfig, name: str) -> RootConfig:
+    """The same run with another target quant config (for mixed-target training)."""
+    return dataclasses.replace(cfg, quant=load_quant_config(name, "trainer.mix_quant"))
+
+
+def with_heldout_data(cfg: RootConfig) -> RootConfig:
+    """The same run on the data's validation side, answers written by the target."""
+    return dataclasses.replace(cfg, data=heldout_side(cfg.data, cfg.trainer.val_samples))
+
+
+def run_job(cfg: RootConfig, command: str, rank: int, world: int) -> Path:
+    cache_dir = ensure_cache(cfg, rank, world, verify=command == "cache")
+    if command == "cache":
+        return cache_dir
+    mix_dir = val_dir = None
+    if cfg.trainer.mix_quant is not None:
+        mix_dir = ensure_cache(with_quant(cfg, cfg.trainer.mix_quant), rank, world)
+    if cfg.trainer.val_data == "heldout":
+        log.info("validation cache: %d held-out conversations, answers by the target", cfg.trainer.val_samples)
+        val_dir = ensure_cache(with_heldout_data(cfg), rank, world)
+    from specft.train.trainer import Trainer  # DeepSpeed and the heads load only to train
+
+    return Trainer(cfg, cache_dir, rank, world, mix_dir, val_dir).train()
