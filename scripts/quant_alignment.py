@@ -30,6 +30,8 @@ from pathlib import Path
 
 from steps import Steps
 
+from specft.eval.report import verdict
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
@@ -50,8 +52,14 @@ class Experiment:
 
     def train(self, name: str, quant: str, run_dir: Path, *extra: str) -> None:
         a = self.args
+        # Validation replays decoding on the held-out prompts eval decodes (the target's own
+        # answers), so every run's log predicts its eval.
         args = ["train", "model=smollm2_135m", f"quant={quant}", *self.train_data(), f"draft.ttt_steps={a.ttt_steps}",
-                f"trainer.max_steps={a.steps}", f"trainer.save_every={a.steps}", f"run_dir={run_dir}", *extra]
+                f"draft.vocab_size={a.vocab_size}", f"draft.vocab_fill={a.vocab_fill}",
+                f"trainer.max_steps={a.steps}", f"trainer.save_every={min(a.save_every, a.steps)}",
+                "trainer.val_data=heldout", f"trainer.val_samples={a.eval_prompts}",
+                f"trainer.val_batches={a.eval_prompts}", f"eval.k=[{a.k}]", f"eval.max_new_tokens={a.eval_tokens}",
+                f"run_dir={run_dir}", *extra]
         self.timed(name, args, run_dir / "checkpoints" / "final")
 
     def draft_dirs(self, quant: str) -> list[tuple[str, Path]]:
@@ -102,21 +110,40 @@ class Experiment:
                 raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, <quant>-eval")
 
     def summarize(self) -> None:
-        rows, walls = [], {}
+        rows, walls, comparisons = [], {}, []
         for path in sorted(self.out.glob("eval-*/results.json")):
             quant, data, _ = path.parent.name.split("-")[1:]
-            rows += [{"quant": quant, "data": data, **r} for r in json.loads(path.read_text())["results"]]
+            report = json.loads(path.read_text())
+            rows += [{"quant": quant, "data": data, **r} for r in report["results"]]
+            comparisons += [{"quant": quant, "data": data, **c} for c in report.get("comparisons", [])]
         for path in sorted(self.out.glob("walls-*.json")):
             walls |= json.loads(path.read_text())
         summary = {"args": {k: str(v) for k, v in vars(self.args).items()}, "rows": rows, "wall_s": walls}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-        (self.out / "summary.md").write_text(pivot_markdown(rows) + "\n" + summary_markdown(rows, walls))
+        (self.out / "summary.md").write_text(pivot_markdown(rows, comparisons) + "\n" + summary_markdown(rows, walls))
         plot(rows, self.out / "acceptance.png")
 
 
-def pivot_markdown(rows: list[dict]) -> str:
+def _rate_cell(r: dict) -> str:
+    ci = r.get("acceptance_rate_ci")
+    interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+    return f"{r['acceptance_rate']:.3f}{interval} ({r['acceptance_length']:.2f})"
+
+
+def _gap_cell(by: dict, comparisons: list[dict], k: int, batch: int, gap: float) -> str:
+    """specft - baseline in points with its paired 95% CI and verdict, when eval gave one."""
+    for c in comparisons:
+        if (c["k"], c["batch_size"]) == (k, batch) and {c["a"], c["b"]} == {"baseline_16bit", "specft"}:
+            sign = 1 if c["b"] == "specft" else -1
+            lo, hi = sorted(sign * 100 * v for v in c["rate_difference_ci"])
+            return f"{gap:+.1f} pts [{lo:+.1f}, {hi:+.1f}], {verdict(c)}"
+    return f"{gap:+.1f} pts"
+
+
+def pivot_markdown(rows: list[dict], comparisons: list[dict] | None = None) -> str:
     """Acceptance rate (and length) by k, one column per draft, for each target and prompt
     set at the largest batch; the 16-bit reference (baseline on the bf16 target) alongside."""
+    comparisons = comparisons or []
     ref = {(r["data"], r["k"]): r for r in rows if r["quant"] == "bf16"}
     lines = []
     for quant in sorted({r["quant"] for r in rows} - {"bf16"}):
@@ -132,9 +159,8 @@ def pivot_markdown(rows: list[dict]) -> str:
                 gap = (by["specft"]["acceptance_rate"] - by["baseline_16bit"]["acceptance_rate"]) * 100 \
                     if "specft" in by and "baseline_16bit" in by else None
                 rr = ref.get((data, k))
-                lines.append(f"| {k} | " + " | ".join(f"{by[d]['acceptance_rate']:.3f} ({by[d]['acceptance_length']:.2f})"
-                                                     for d in drafts)
-                             + f" | {'' if gap is None else f'{gap:+.1f} pts'} | "
+                lines.append(f"| {k} | " + " | ".join(_rate_cell(by[d]) for d in drafts)
+                             + f" | {'' if gap is None else _gap_cell(by, comparisons, k, batch, gap)} | "
                              + (f"{rr['acceptance_rate']:.3f} ({rr['acceptance_length']:.2f})" if rr else "") + " |")
             lines.append("")
     return "\n".join(lines)
@@ -196,7 +222,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--ttt-steps", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--eval-prompts", type=int, default=16)
+    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per prompt set (eval and validation)")
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--vocab-fill", default="seen", help="seen | prior (draft.vocab_fill)")
+    p.add_argument("--save-every", type=int, default=25, help="training steps between checkpoints (a resume point)")
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--k", default="3,4,5")
     p.add_argument("--batch-sizes", default="1,16")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from steps import Steps
 
+from specft.eval.report import verdict
+
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
@@ -130,7 +132,7 @@ def summary_markdown(rows: list[dict], comparisons: list[dict], walls: dict) -> 
     for c in comparisons:
         lo, hi = c["rate_difference_ci"]
         lines.append(f"| {c['a']} | {c['b']} | {100 * c['rate_difference']:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] "
-                     f"| {c['verdict']} |")
+                     f"| {verdict(c)} |")
     lines += ["", "| step | wall |", "|---|---|"] + [f"| {k} | {v / 60:.1f} min |" for k, v in walls.items()]
     return "\n".join(lines) + "\n"
 
