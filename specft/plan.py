@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from specft.config import ModelConfig, PlanConfig
 from specft.errors import SpecftError
 from specft.quant.config import QuantConfig
+from specft.quant.fake_quant import SCHEMES
+from specft.quant.formats import ELEMENT_FORMATS
 
 GB = 1e9
-SCALE_BITS = {"mx": 8, "nvfp4": 8, "group": 16, "block": 32, "channel": 32, "tensor": 0, "token": 0}
-ELEMENT_BITS = {"e2m1": 4, "int4": 4, "e4m3": 8, "e5m2": 8, "hif8": 8, "int8": 8}
 
 
 @dataclass
@@ -60,11 +60,8 @@ def param_counts(m: ModelConfig) -> ParamCounts:
 def weight_bits(q: QuantConfig, in_features: float) -> float:
     if q.weight is None:
         return 16.0
-    bits = ELEMENT_BITS[q.weight.format]
-    scale = SCALE_BITS.get(q.weight.scheme, 0)
-    per = {"mx": q.weight.block_size, "nvfp4": q.weight.block_size, "group": q.weight.block_size,
-           "block": q.weight.block_size ** 2, "channel": in_features}.get(q.weight.scheme, 1e12)
-    return bits + scale / per
+    scheme = SCHEMES[q.weight.scheme]
+    return ELEMENT_FORMATS[q.weight.format].bits + scheme.scale_bits / scheme.elements_per_scale(q.weight, in_features)
 
 
 def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward: int,

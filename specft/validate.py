@@ -32,7 +32,7 @@ from specft.drafts import DRAFT_ARCHS
 from specft.errors import ConfigError
 from specft.quant.config import load_quant_config
 from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
-from specft.quant.formats import ELEMENT_FORMATS, FloatFormat, IntFormat
+from specft.quant.formats import ELEMENT_FORMATS, IntFormat
 from specft.target.sharding import SHARDINGS
 from specft.train.losses import LOSSES
 from specft.train.target_head import HEAD_PLACEMENTS
@@ -81,27 +81,26 @@ def validate_model(m: ModelConfig) -> None:
                               f"allowed: 0..{m.num_layers - 1} ({m.name} has {m.num_layers} layers)")
 
 
-# Hardware block formats need whole blocks along the reduction dim; group and block
-# scales pad a partial last group, as serving kernels do.
-HARDWARE_BLOCK_SCHEMES = ("mx", "nvfp4")
-
-
-def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig) -> None:
+def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig, role: str) -> None:
+    """A weight, activation or KV spec against its scheme's facts (quant/fake_quant.py)."""
     _choice(spec.format, sorted(ELEMENT_FORMATS), f"{prefix}.format")
     _choice(spec.scheme, SCHEMES, f"{prefix}.scheme")
-    fmt = ELEMENT_FORMATS[spec.format]
+    scheme, fmt = SCHEMES[spec.scheme], ELEMENT_FORMATS[spec.format]
+    if role not in scheme.roles:
+        if scheme.roles_note:
+            raise ConfigError(f"{prefix}.scheme: {scheme.roles_note}")
+        _choice(spec.scheme, [name for name, s in SCHEMES.items() if role in s.roles], f"{prefix}.scheme")
+    if scheme.formats is not None and spec.format not in scheme.formats:
+        raise ConfigError(f"{prefix}.format: {scheme.formats_note}, got {spec.format!r}")
     if spec.scheme == "mx":
         _choice(spec.scale_rule, MX_SCALE_RULES, f"{prefix}.scale_rule")
-        if not isinstance(fmt, FloatFormat):
-            raise ConfigError(f"{prefix}.format: MX blocks need e4m3, e5m2 or e2m1, got {spec.format!r}")
-    if spec.scheme == "nvfp4" and spec.format != "e2m1":
-        raise ConfigError(f"{prefix}.format: nvfp4 uses e2m1 elements, got {spec.format!r}")
     if not spec.symmetric and not isinstance(fmt, IntFormat):
         raise ConfigError(f"{prefix}.symmetric: asymmetric (zero point) needs int4 or int8, got {spec.format!r}")
-    if not spec.dynamic and spec.scheme != "tensor":
-        raise ConfigError(f"{prefix}.dynamic: static scales are per tensor; set scheme=tensor, got {spec.scheme!r}")
+    if not spec.dynamic and not scheme.static:
+        static = " or ".join(name for name, s in SCHEMES.items() if s.static)
+        raise ConfigError(f"{prefix}.dynamic: static scales are per tensor; set scheme={static}, got {spec.scheme!r}")
     _positive(spec.block_size, f"{prefix}.block_size")
-    if spec.scheme in HARDWARE_BLOCK_SCHEMES:
+    if scheme.whole_blocks:  # hardware blocks; group and block scales pad a partial last group
         for dim_name in ("hidden_size", "intermediate_size"):
             dim = getattr(model, dim_name)
             if dim % spec.block_size:
@@ -109,17 +108,10 @@ def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig
 
 
 def validate_quant(cfg: RootConfig) -> None:
-    q = cfg.quant
-    if q.weight is not None:
-        _validate_tensor_spec(q.weight, "quant.weight", cfg.model)
-    if q.activation is not None:
-        _validate_tensor_spec(q.activation, "quant.activation", cfg.model)
-        if q.activation.scheme == "block":
-            raise ConfigError("quant.activation.scheme: block (B x B) scales are for weights; "
-                              "use group for activations")
-    if q.kv is not None:
-        _validate_tensor_spec(q.kv, "quant.kv", cfg.model)
-        _choice(q.kv.scheme, ("tensor", "token"), "quant.kv.scheme")
+    for role in ("weight", "activation", "kv"):
+        spec = getattr(cfg.quant, role)
+        if spec is not None:
+            _validate_tensor_spec(spec, f"quant.{role}", cfg.model, role)
 
 
 def validate_cache(cfg: RootConfig) -> None:

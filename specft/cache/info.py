@@ -7,6 +7,7 @@ from pathlib import Path
 from specft.cache.integrity import Damage, find_damage
 from specft.cache.manifest import MANIFEST, read_json
 from specft.errors import SpecftError
+from specft.quant.fake_quant import SCHEMES
 
 
 def describe(cache_dir: str | Path, verify: bool = False) -> tuple[str, list[Damage]]:
@@ -58,5 +59,6 @@ def describe(cache_dir: str | Path, verify: bool = False) -> tuple[str, list[Dam
 def _spec(spec: dict | None) -> str:
     if not spec:
         return "none"
-    extra = f"/{spec['block_size']}" if spec["scheme"] in ("group", "block", "mx", "nvfp4") else ""
+    scheme = SCHEMES.get(spec["scheme"])
+    extra = f"/{spec['block_size']}" if scheme is not None and scheme.blocked else ""
     return f"{spec['format']} {spec['scheme']}{extra}"

@@ -1,6 +1,6 @@
 """Fake quantization: quantize onto a format's grid and back, in the input's precision.
 
-Schemes (registry ``SCHEMES``) say where scales come from. All reduce along the last
+Schemes (``SCHEMES``: Scheme objects) say where scales come from. All reduce along the last
 dimension, which is the reduction (input) dimension of a Linear weight [out, in] and of
 an activation [..., in]:
 
@@ -19,6 +19,7 @@ point per scale group, values on [0, 2**bits - 1].
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,26 +66,36 @@ def _pad_last(x: torch.Tensor, multiple: int, dim: int = -1) -> torch.Tensor:
     return F.pad(x, widths)
 
 
+def _whole(x: torch.Tensor, spec: TensorQuantSpec):
+    return x, tuple(range(x.dim())), lambda y: y
+
+
+def _rows(x: torch.Tensor, spec: TensorQuantSpec):
+    return x, (-1,), lambda y: y
+
+
+def _groups_along_last(x: torch.Tensor, spec: TensorQuantSpec):
+    shape = x.shape
+    xp = _pad_last(x, spec.block_size)
+    v = xp.reshape(*xp.shape[:-1], -1, spec.block_size)
+    return v, (-1,), lambda y: y.reshape(xp.shape)[..., : shape[-1]]
+
+
+def _tiles(x: torch.Tensor, spec: TensorQuantSpec):
+    if x.dim() < 2:
+        raise ValueError("block scaling needs a tensor with at least 2 dims")
+    shape, b = x.shape, spec.block_size
+    xp = _pad_last(_pad_last(x, b, -1), b, -2)
+    r, c = xp.shape[-2:]
+    v = xp.reshape(*xp.shape[:-2], r // b, b, c // b, b)
+    return v, (-3, -1), lambda y: y.reshape(xp.shape)[..., : shape[-2], : shape[-1]]
+
+
 def _grouped(x: torch.Tensor, spec: TensorQuantSpec):
     """(view of x with scale groups, dims to reduce, fn mapping the view back to x)."""
-    shape = x.shape
-    if spec.scheme == "tensor":
-        return x, tuple(range(x.dim())), lambda y: y
-    if spec.scheme in ("channel", "token"):
-        return x, (-1,), lambda y: y
-    if spec.scheme in ("group", "mx", "nvfp4"):
-        xp = _pad_last(x, spec.block_size)
-        v = xp.reshape(*xp.shape[:-1], -1, spec.block_size)
-        return v, (-1,), lambda y: y.reshape(xp.shape)[..., : shape[-1]]
-    if spec.scheme == "block":
-        if x.dim() < 2:
-            raise ValueError("block scaling needs a tensor with at least 2 dims")
-        b = spec.block_size
-        xp = _pad_last(_pad_last(x, b, -1), b, -2)
-        r, c = xp.shape[-2:]
-        v = xp.reshape(*xp.shape[:-2], r // b, b, c // b, b)
-        return v, (-3, -1), lambda y: y.reshape(xp.shape)[..., : shape[-2], : shape[-1]]
-    raise ValueError(f"unknown quant scheme {spec.scheme!r}; known: {', '.join(SCHEMES)}")
+    if spec.scheme not in SCHEMES:
+        raise ValueError(f"unknown quant scheme {spec.scheme!r}; known: {', '.join(SCHEMES)}")
+    return SCHEMES[spec.scheme].group(x, spec)
 
 
 # -- scale computation -------------------------------------------------------------------
@@ -144,10 +155,44 @@ def _nvfp4_scale(v, dims, spec, fmt, x_full):
     return _nonzero(block) * tensor_scale  # an all-zero block quantizes to 0 anyway
 
 
-_SCALE_FNS = {"tensor": _absmax_scale, "channel": _absmax_scale, "token": _absmax_scale,
-              "group": _absmax_scale, "block": _absmax_scale, "mx": _mx_scale,
-              "nvfp4": _nvfp4_scale}
-SCHEMES = tuple(_SCALE_FNS)
+@dataclass(frozen=True)
+class Scheme:
+    """Where a tensor's scales come from, and the facts the rest of specft reads about it
+    (validation, `specft plan`'s bytes, `specft info`): a new scheme is one entry here."""
+
+    group: Callable  # (x, spec) -> (grouped view, dims each scale reduces, view -> x)
+    scale: Callable  # (view, dims, spec, element format, whole x) -> scales
+    scale_bits: int  # bits stored per scale
+    elements_per_scale: Callable[[TensorQuantSpec, float], float]  # (spec, a weight's in_features)
+    blocked: bool = False  # block_size is one of its parameters
+    whole_blocks: bool = False  # hardware blocks along the reduction dim: block_size divides the model's
+    roles: tuple[str, ...] = ("weight", "activation")  # which tensors it may scale
+    roles_note: str | None = None  # the error's advice when used for another role
+    formats: tuple[str, ...] | None = None  # element formats it takes (None: any)
+    formats_note: str | None = None  # the error's text when given another format
+    static: bool = False  # a calibrated (dynamic: false) scale is possible
+
+
+def _block(spec: TensorQuantSpec, in_features: float) -> float:
+    return spec.block_size
+
+
+SCHEMES: dict[str, Scheme] = {
+    "tensor": Scheme(_whole, _absmax_scale, 0, lambda spec, n: float("inf"), static=True,
+                     roles=("weight", "activation", "kv")),
+    "channel": Scheme(_rows, _absmax_scale, 32, lambda spec, n: n),
+    # Per-token scales travel with the activation (or KV entry): no stored weight bytes.
+    "token": Scheme(_rows, _absmax_scale, 0, lambda spec, n: float("inf"), roles=("weight", "activation", "kv")),
+    "group": Scheme(_groups_along_last, _absmax_scale, 16, _block, blocked=True),
+    "block": Scheme(_tiles, _absmax_scale, 32, lambda spec, n: spec.block_size ** 2, blocked=True,
+                    roles=("weight",), roles_note="block (B x B) scales are for weights; use group for activations"),
+    "mx": Scheme(_groups_along_last, _mx_scale, 8, _block, blocked=True, whole_blocks=True,
+                 formats=("e4m3", "e5m2", "e2m1"), formats_note="MX blocks need e4m3, e5m2 or e2m1"),
+    "nvfp4": Scheme(_groups_along_last, _nvfp4_scale, 8, _block, blocked=True, whole_blocks=True,
+                    formats=("e2m1",), formats_note="nvfp4 uses e2m1 elements"),
+}
+ROWWISE_SCHEMES = ("token", "channel")  # one scale per row: the float32 fast path
+
 
 
 # -- quantization --------------------------------------------------------------------------
@@ -185,7 +230,7 @@ def quantize_with_clip_mask(x: torch.Tensor, spec: TensorQuantSpec,
 
 def _quantize(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None, want_mask: bool):
     fmt = get_format(spec.format)
-    if (not want_mask and scale is None and x.dtype == torch.float32 and spec.scheme in ("token", "channel")
+    if (not want_mask and scale is None and x.dtype == torch.float32 and spec.scheme in ROWWISE_SCHEMES
             and isinstance(fmt, FloatFormat)):
         return _rowwise_float32(x, fmt), None
     xc = x.to(_compute_dtype(x))
@@ -196,7 +241,7 @@ def _quantize(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None
     if isinstance(fmt, IntFormat) and not spec.symmetric:
         q, clipped = _quantize_asymmetric(v, dims, fmt)
     else:
-        q, clipped = _quantize_symmetric(v, _SCALE_FNS[spec.scheme](v, dims, spec, fmt, xc), fmt, want_mask)
+        q, clipped = _quantize_symmetric(v, SCHEMES[spec.scheme].scale(v, dims, spec, fmt, xc), fmt, want_mask)
     return back(q).to(x.dtype), back(clipped) if clipped is not None else None
 
 
@@ -207,7 +252,7 @@ def quantized_parts(x: torch.Tensor, spec: TensorQuantSpec) -> tuple[torch.Tenso
     fmt = get_format(spec.format)
     xc = x.to(_compute_dtype(x))
     v, dims, _ = _grouped(xc, spec)
-    scale = _SCALE_FNS[spec.scheme](v, dims, spec, fmt, xc)
+    scale = SCHEMES[spec.scheme].scale(v, dims, spec, fmt, xc)
     return fmt.round(v / scale), scale
 
 

@@ -33,6 +33,10 @@ class FloatFormat:
     max_value: float
 
     @property
+    def bits(self) -> int:
+        return 1 + self.ebits + self.mbits
+
+    @property
     def min_normal_exp(self) -> int:
         return 1 - self.bias
 
@@ -88,6 +92,7 @@ class HiF8Format:
     """
 
     name: str = "hif8"
+    bits: int = 8
     max_value: float = 32768.0
     min_normal_exp: int = -15
     min_denormal_exp: int = -22
