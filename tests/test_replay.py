@@ -6,11 +6,12 @@ from test_spec import _setup
 from specft.config import aux_layer_ids
 from specft.decoding import SpecDecoder
 from specft.decoding.draft import ChainRunner
+from specft.decoding.engine import RoundCounts
 from specft.drafts import DraftHeadConfig, Eagle3Draft
 from specft.target.features import FeatureCapture
 from specft.train.losses import MixtureLoss
 from specft.train.objective import TargetView, ttt_objective
-from specft.train.replay import ReplayCounts, answer_spans, replay_sample, step_hits
+from specft.train.replay import answer_spans, replay_sample, step_hits
 
 
 def test_replay_walks_rounds_by_the_leading_hits():
@@ -28,7 +29,7 @@ def test_replay_walks_rounds_by_the_leading_hits():
     # A budget of 5 new tokens stops after the first round.
     c = replay_sample(hits, predicts, 3, max_new_tokens=5)
     assert (c.rounds, c.accepted) == (1, 3)
-    assert ReplayCounts(4, 12, 4).acceptance_length == 2.0
+    assert RoundCounts(4, 12, 4).acceptance_length == 2.0
 
 
 def _draft_for(m, seqs, aux, final, predicts, k):

@@ -15,19 +15,19 @@ from specft.target.loader import left_pad
 
 
 @dataclass
-class DecodeStats:
+class RoundCounts:
+    """What acceptance is computed from: target forwards after prefill (rounds; row-rounds
+    in a batch), draft tokens proposed and accepted. Decoding counts them; the trainer's
+    replayed validation (train/replay.py) counts what decoding would."""
+
+    rounds: int = 0
     proposed: int = 0
     accepted: int = 0
-    rounds: int = 0  # target forwards after prefill (row-rounds: summed over live rows)
-    generated: int = 0
-    prefill_tokens: int = 0  # prompt tokens (padding excluded)
-    proposed_at: list[int] = field(default_factory=list)  # per draft position
-    accepted_at: list[int] = field(default_factory=list)
-    # Per prompt (the unit a confidence interval resamples): [rounds, proposed, accepted].
-    per_prompt: list[list[int]] = field(default_factory=list)
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    peak_kv_bytes: int = 0
+
+    def add(self, other: RoundCounts) -> None:
+        self.rounds += other.rounds
+        self.proposed += other.proposed
+        self.accepted += other.accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -37,6 +37,19 @@ class DecodeStats:
     def acceptance_length(self) -> float:
         """Tokens emitted per target forward (accepted drafts + the target's own token)."""
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class DecodeStats(RoundCounts):
+    generated: int = 0
+    prefill_tokens: int = 0  # prompt tokens (padding excluded)
+    proposed_at: list[int] = field(default_factory=list)  # per draft position
+    accepted_at: list[int] = field(default_factory=list)
+    # Per prompt (the unit a confidence interval resamples): [rounds, proposed, accepted].
+    per_prompt: list[list[int]] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    peak_kv_bytes: int = 0
 
 
 @dataclass

@@ -16,30 +16,9 @@ every position instead of the positions rounds start at; it runs high.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class ReplayCounts:
-    rounds: int = 0
-    proposed: int = 0
-    accepted: int = 0
-
-    def add(self, other: ReplayCounts) -> None:
-        self.rounds += other.rounds
-        self.proposed += other.proposed
-        self.accepted += other.accepted
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def acceptance_length(self) -> float:
-        """Tokens emitted per target forward, as DecodeStats counts them."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+from specft.decoding.engine import RoundCounts
 
 
 def answer_spans(predicts: torch.Tensor) -> list[tuple[int, int]]:
@@ -56,11 +35,11 @@ def answer_spans(predicts: torch.Tensor) -> list[tuple[int, int]]:
     return spans
 
 
-def replay_sample(hits: torch.Tensor, predicts: torch.Tensor, k: int, max_new_tokens: int) -> ReplayCounts:
+def replay_sample(hits: torch.Tensor, predicts: torch.Tensor, k: int, max_new_tokens: int) -> RoundCounts:
     """``hits[j, p]``: draft step j at position p predicted the target's token at p+j+2
     (an assistant token). The prefill emits each turn's first token; every round proposes
     k and emits the leading hits plus one, until the turn ends or max_new_tokens are out."""
-    counts = ReplayCounts()
+    counts = RoundCounts()
     h = hits[:k].bool()
     for start, end in answer_spans(predicts):
         length = min(end - start, max_new_tokens)  # tokens the decoder emits for this turn

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from specft.cache import CacheReader
 from specft.config import RootConfig
+from specft.decoding.engine import RoundCounts
 from specft.drafts import DRAFT_ARCHS, DraftHeadConfig, build_draft_vocab
 from specft.drafts.qat import apply_draft_qat
 from specft.drafts.vocab import coverage
@@ -30,7 +31,7 @@ from specft.train.checkpoint import (
 from specft.train.losses import MixtureLoss
 from specft.train.metrics import MetricsLogger
 from specft.train.objective import StepResult, acceptance_length, target_view, ttt_objective
-from specft.train.replay import ReplayCounts, replay_sample, step_hits
+from specft.train.replay import replay_sample, step_hits
 from specft.train.schedule import warmup_cosine
 from specft.train.target_head import load_target_head
 from specft.train.vocab_prior import target_prior
@@ -306,7 +307,7 @@ class Trainer:
         rounds = -(-len(batches) // self.world_size) if self.head.sharded else len(mine)
         self.engine.eval()
         results, tokens = [], 0
-        replays = {k: ReplayCounts() for k in self.replay_k}
+        replays = {k: RoundCounts() for k in self.replay_k}
         for i in range(rounds):
             res, n = self._forward(mine[min(i, len(mine) - 1)])
             if i < len(mine):
@@ -318,12 +319,12 @@ class Trainer:
         for k, counts in replays.items():
             rounds_, proposed, accepted = _sum_list_across_ranks(
                 [counts.rounds, counts.proposed, counts.accepted], self.world_size)
-            total = ReplayCounts(rounds_, proposed, accepted)
+            total = RoundCounts(rounds_, proposed, accepted)
             record[f"replay_accept_rate_k{k}"] = total.acceptance_rate
             record[f"replay_accept_len_k{k}"] = total.acceptance_length
         return record
 
-    def _replay(self, res: StepResult, replays: dict[int, ReplayCounts]) -> None:
+    def _replay(self, res: StepResult, replays: dict[int, RoundCounts]) -> None:
         """Greedy decoding replayed on each sample at every k (train/replay.py)."""
         hits = step_hits(res.step_hits, res.predicts.shape[1])
         for row in range(res.predicts.shape[0]):
