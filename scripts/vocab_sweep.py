@@ -26,9 +26,9 @@ SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
 class Sweep:
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, walls_name: str = "walls.json"):
         self.args, self.out = args, args.out_dir.resolve()
-        self.steps = Steps(self.out)
+        self.steps = Steps(self.out, walls_name)
 
     def common(self) -> list[str]:
         a = self.args
@@ -41,15 +41,17 @@ class Sweep:
     def draft_dir(self, size: str) -> Path:
         return self.out / f"draft-{size}"
 
-    def train(self, size: str) -> None:
+    def train(self, size: str, run_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
         a = self.args
+        run_dir = run_dir or self.draft_dir(size)
         vocab = ["draft.vocab_size=49152", "draft.vocab_fill=seen"] if size == "seen" else \
             [f"draft.vocab_size={size}", "draft.vocab_fill=prior"]
         args = ["train", *self.common(), *vocab, f"draft.ttt_steps={a.ttt_steps}", f"trainer.max_steps={a.steps}",
                 f"trainer.save_every={min(a.steps, 50)}", "trainer.val_data=heldout",
                 f"trainer.val_samples={a.val_prompts}", f"trainer.val_batches={a.val_prompts}",
-                f"eval.k=[{a.replay_k}]", f"eval.max_new_tokens={a.max_new_tokens}", f"run_dir={self.draft_dir(size)}"]
-        self.steps.run(f"train draft, vocab {size}", args, self.draft_dir(size) / "checkpoints" / "final")
+                f"eval.k=[{a.replay_k}]", f"eval.max_new_tokens={a.max_new_tokens}", f"run_dir={run_dir}", *extra]
+        self.steps.run(f"train draft {run_dir.name}, vocab {size}", args, run_dir / "checkpoints" / "final")
+        return run_dir
 
     def evaluate(self, name: str, prompts: int, tokens: int, k: str, batch: int, alone: bool) -> Path:
         sizes = self.args.sizes.split(",")
@@ -137,8 +139,8 @@ def summary_markdown(rows: list[dict], comparisons: list[dict], walls: dict) -> 
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The experiment's arguments (shared with scripts/recipe_ablation.py)."""
     p.add_argument("--out-dir", type=Path, default=Path("runs/vocab_sweep"))
     p.add_argument("--quant", default="mxfp4")
     p.add_argument("--sizes", default="seen,4096,16384,32768,49152")
@@ -153,7 +155,13 @@ def main() -> None:
     p.add_argument("--eval-batch", type=int, default=16)
     p.add_argument("--latency-prompts", type=int, default=4)
     p.add_argument("--latency-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
     Sweep(p.parse_args()).run()
 
 

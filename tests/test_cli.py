@@ -304,6 +304,9 @@ def test_heldout_validation_replays_decoding_on_target_answers(tmp_path):
     run = tmp_path / "runs/tiny_qwen3-mxfp4-eagle3-kl"
     val = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert val["split"] == "val" and val["tokens"] > 0
+    assert len(val["replay_per_prompt_k3"]) == 4  # one [rounds, proposed, accepted] per held-out sample
+    lo, hi = val["replay_accept_rate_ci_k3"]
+    assert lo <= val["replay_accept_rate_k3"] <= hi
     caches = {json.loads((d / "manifest.json").read_text())["provenance"]["data"]["split"]: d
               for d in (tmp_path / "cache").iterdir()}
     assert set(caches) == {"train", "validation"}

@@ -17,6 +17,7 @@ from specft.drafts import DRAFT_ARCHS, DraftHeadConfig, build_draft_vocab
 from specft.drafts.qat import apply_draft_qat
 from specft.drafts.vocab import coverage
 from specft.errors import SpecftError
+from specft.eval.stats import confidence
 from specft.export.verifier import VERIFIER_KEYS
 from specft.quant.config import load_quant_config
 from specft.train.batches import StepSampler, collate
@@ -124,16 +125,21 @@ def _mean_across_ranks(values: list[float], world_size: int) -> list[float]:
     return (t / world_size).tolist()
 
 
-def _sum_list_across_ranks(values: list[int], world_size: int) -> list[int]:
+def _gather_lists(values: list, world_size: int) -> list:
+    """Every rank's list, concatenated in rank order."""
     if world_size == 1:
         return values
-    t = torch.tensor(values, dtype=torch.long)
-    torch.distributed.all_reduce(t)
-    return t.tolist()
+    parts = [None] * world_size
+    torch.distributed.all_gather_object(parts, values)
+    return [v for part in parts for v in part]
 
 
 def _sum_across_ranks(value: int, world_size: int) -> int:
-    return _sum_list_across_ranks([value], world_size)[0]
+    if world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    torch.distributed.all_reduce(t)
+    return int(t.item())
 
 
 def _replay_line(val: dict) -> str:
@@ -307,7 +313,7 @@ class Trainer:
         rounds = -(-len(batches) // self.world_size) if self.head.sharded else len(mine)
         self.engine.eval()
         results, tokens = [], 0
-        replays = {k: RoundCounts() for k in self.replay_k}
+        replays: dict[int, list[RoundCounts]] = {k: [] for k in self.replay_k}  # per sample
         for i in range(rounds):
             res, n = self._forward(mine[min(i, len(mine) - 1)])
             if i < len(mine):
@@ -316,20 +322,23 @@ class Trainer:
                 self._replay(res, replays)
         self.engine.train()
         record = self._record(results, step, tokens, "val")
-        for k, counts in replays.items():
-            rounds_, proposed, accepted = _sum_list_across_ranks(
-                [counts.rounds, counts.proposed, counts.accepted], self.world_size)
-            total = RoundCounts(rounds_, proposed, accepted)
+        for k, samples in replays.items():
+            per_prompt = _gather_lists([[c.rounds, c.proposed, c.accepted] for c in samples], self.world_size)
+            total = RoundCounts(*(sum(col) for col in zip(*per_prompt))) if per_prompt else RoundCounts()
             record[f"replay_accept_rate_k{k}"] = total.acceptance_rate
             record[f"replay_accept_len_k{k}"] = total.acceptance_length
+            if per_prompt:  # the same bootstrap over prompts as specft eval's
+                ci = confidence(per_prompt, self.cfg.seed)
+                record[f"replay_accept_rate_ci_k{k}"] = ci["acceptance_rate_ci"]
+            record[f"replay_per_prompt_k{k}"] = per_prompt
         return record
 
-    def _replay(self, res: StepResult, replays: dict[int, RoundCounts]) -> None:
+    def _replay(self, res: StepResult, replays: dict[int, list[RoundCounts]]) -> None:
         """Greedy decoding replayed on each sample at every k (train/replay.py)."""
         hits = step_hits(res.step_hits, res.predicts.shape[1])
         for row in range(res.predicts.shape[0]):
-            for k, counts in replays.items():
-                counts.add(replay_sample(hits[:, row], res.predicts[row], k, self.cfg.eval.max_new_tokens))
+            for k, samples in replays.items():
+                samples.append(replay_sample(hits[:, row], res.predicts[row], k, self.cfg.eval.max_new_tokens))
 
     def train(self) -> Path:
         t = self.cfg.trainer
