@@ -39,9 +39,7 @@ def main() -> None:
     rows = {}
     for name in args.variants.split(","):
         extra = tuple(o.format(steps2=2 * args.steps) for o in VARIANTS[name])
-        # The reference recipe is the sweep's own draft at that vocabulary: trained once.
-        where = sweep.draft_dir(args.vocab) if name == "reference" else sweep.out / f"ablation-{name}"
-        run = sweep.train(args.vocab, where, extra)
+        run = sweep.train(args.vocab, sweep.out / f"ablation-{name}", extra)
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         rows[name] = [m for m in metrics if m["split"] == "val"][-1]
     k = int(args.k)
