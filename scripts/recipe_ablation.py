@@ -26,6 +26,7 @@ VARIANTS = {
     "lr_3e-4": ("trainer.lr=3e-4",),
     "steps_x2": ("trainer.max_steps={steps2}",),
     "noise_0.05": ("trainer.feature_noise=0.05",),
+    "init_target_layer": ("draft.init=target_layer",),
 }
 
 

@@ -18,6 +18,7 @@ CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PRECISIONS = ("fp32", "bf16")
 VAL_DATA = ("split", "heldout")
 VOCAB_FILLS = ("seen", "prior")
+DRAFT_INITS = ("random", "target_layer")
 
 
 @dataclass
@@ -118,6 +119,10 @@ class DraftConfig:
     step_weight_decay: float = 0.8  # TTT step k's loss weight: decay ** k ...
     step_weights: list[float] | None = None  # ... unless given explicitly, one per step
     qk_norm: bool | None = None  # null: follow the target family (Qwen3: yes)
+    # random, or target_layer: the decoder layer starts from the target's layer init_layer
+    # (null: its last), read from the target's 16-bit checkpoint (drafts/init.py).
+    init: str = "random"
+    init_layer: int | None = None
     # Quantization-aware training of the draft: the name of a conf/quant config whose
     # weight and activation specs the draft's linear layers are trained through (STE).
     quant: str | None = None

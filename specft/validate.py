@@ -13,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specft.config import (
     CACHE_DTYPES,
+    DRAFT_INITS,
     DTYPES,
     MODEL_FAMILIES,
     MODEL_SOURCES,
@@ -130,6 +131,9 @@ def validate_draft(cfg: RootConfig) -> None:
     for name in ("vocab_size", "ttt_steps", "num_layers"):
         _positive(getattr(d, name), f"draft.{name}")
     _choice(d.vocab_fill, VOCAB_FILLS, "draft.vocab_fill")
+    _choice(d.init, DRAFT_INITS, "draft.init")
+    if d.init == "target_layer":
+        _check_init_layer(d, cfg.model, arch)
     if arch.check is not None:
         arch.check(d, cfg.model)
     heads = d.num_heads or cfg.model.num_heads
@@ -141,6 +145,21 @@ def validate_draft(cfg: RootConfig) -> None:
                           f"{d.ttt_steps}, got {len(d.step_weights)}")
     if d.quant is not None:
         load_quant_config(d.quant, "draft.quant")
+
+
+def _check_init_layer(d, m: ModelConfig, arch) -> None:
+    """A draft started from a target layer has that layer's shape."""
+    if arch.init_from_layer is None:
+        raise ConfigError(f"draft.init: draft.name={d.name} cannot start from a target layer; allowed: random")
+    if d.init_layer is not None and not 0 <= d.init_layer < m.num_layers:
+        raise ConfigError(f"draft.init_layer: allowed 0..{m.num_layers - 1} ({m.name} has {m.num_layers} layers), "
+                          f"got {d.init_layer}")
+    target = {"hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size, "num_heads": m.num_heads,
+              "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim or m.hidden_size // m.num_heads}
+    for name, theirs in target.items():
+        mine = getattr(d, name)
+        if mine is not None and mine != theirs:
+            raise ConfigError(f"draft.{name}: draft.init=target_layer needs the target's shape ({theirs}), got {mine}")
 
 
 def validate_loss(cfg: RootConfig) -> None:

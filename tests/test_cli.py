@@ -183,6 +183,7 @@ def test_wandb_offline_run_holds_metrics(tmp_path):
      "draft.hidden_size=48", "draft.intermediate_size=96"],
     ["trainer.mix_quant=bf16", "trainer.feature_noise=0.05", "draft.ttt_steps=3",
      "draft.step_weights=[1.0,0.5,0.25]"],
+    ["draft.init=target_layer", "draft.init_layer=5"],
 ])
 def test_training_variants_run_and_checkpoint(tmp_path, extra):
     proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "trainer.max_steps=4",
@@ -190,6 +191,8 @@ def test_training_variants_run_and_checkpoint(tmp_path, extra):
     if "trainer.mix_quant=bf16" in extra:  # both targets' caches were built
         assert {p.name.split("-")[1] for p in (tmp_path / "cache").iterdir()} == {"bf16", "mxfp4"}
         assert "quant bf16:" in proc.stderr and "quant mxfp4:" in proc.stderr
+    if "draft.init=target_layer" in extra:  # q/k/v/o, q/k norm, the MLP, two norms of the target's layer 5
+        assert "draft init: 11 tensors from the target's decoder layer 5" in proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     m = _metrics(run_dir)
     assert [r["step"] for r in m] == [1, 2, 3, 4] and all(r["loss"] == r["loss"] for r in m)

@@ -227,3 +227,30 @@ def test_eval_draft_shares_the_target_embedding_only_when_it_is_a_copy():
     target = Target(emb)
     assert share_target_embedding(draft, target) and draft.embed_tokens is target.embed
     assert _bytes(draft, shared_with=target) == alone - emb.numel() * 4
+
+
+def test_draft_layer_starts_from_a_target_layer():
+    """draft.init=target_layer: every shared tensor copied; the 2H-wide q/k/v read the
+    hidden half with the target's weights and the embedding half with zeros, so the
+    projections of [e; h] are the target's projections of h."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    from specft.drafts import DRAFT_ARCHS
+
+    hc = Qwen3Config(hidden_size=16, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=8, rms_norm_eps=1e-6)
+    target = Qwen3DecoderLayer(hc, 0)
+    for p in target.parameters():
+        torch.nn.init.normal_(p)
+    draft = _draft(qk_norm=True)
+    copied = DRAFT_ARCHS.get("eagle3").init_from_layer(draft, target)
+    assert len(copied) == 11 and "input_layernorm.weight" not in copied  # the embedding's norm stays
+    layer = draft.midlayer
+    assert torch.equal(layer.hidden_norm.weight, target.input_layernorm.weight)
+    assert torch.equal(layer.mlp.down_proj.weight, target.mlp.down_proj.weight)
+    assert torch.equal(layer.self_attn.q_norm.weight, target.self_attn.q_norm.weight)
+    e, h = torch.randn(3, 16), torch.randn(3, 16)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        mine, theirs = getattr(layer.self_attn, name), getattr(target.self_attn, name)
+        torch.testing.assert_close(mine(torch.cat([e, h], -1)), theirs(h))

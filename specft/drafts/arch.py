@@ -26,6 +26,8 @@ class DraftArch:
     # Checks of the draft config against the target (ConfigError, one line), or None.
     check: Callable | None = None
     runner: type = ChainRunner  # drafting with a KV cache at decode time
+    # draft.init=target_layer: (head, a target decoder layer) -> names copied, or None.
+    init_from_layer: Callable | None = None
 
 
 DRAFT_ARCHS: Registry[DraftArch] = Registry("draft architecture")

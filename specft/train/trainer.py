@@ -74,7 +74,14 @@ def build_draft(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | Non
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
     draft_rows = reader.target_head_rows_at(vocab.draft_to_target)
     head = {"embed_tokens": reader.target_embedding(), "draft_rows": draft_rows}
-    draft = DRAFT_ARCHS.get(cfg.draft.name, "draft.name").build(c, head, vocab)
+    arch = DRAFT_ARCHS.get(cfg.draft.name, "draft.name")
+    draft = arch.build(c, head, vocab)
+    if cfg.draft.init == "target_layer":
+        from specft.drafts.init import load_target_layer
+
+        copied = arch.init_from_layer(draft, load_target_layer(cfg.model, cfg.draft.init_layer))
+        log.info("draft init: %d tensors from the target's decoder layer %s", len(copied),
+                 "last" if cfg.draft.init_layer is None else cfg.draft.init_layer)
     if cfg.draft.quant is not None:
         switched = apply_draft_qat(draft, load_quant_config(cfg.draft.quant, "draft.quant"))
         log.info("draft QAT (%s): %d linear layers", cfg.draft.quant, len(switched))

@@ -4,6 +4,7 @@
 import torch
 
 from specft.drafts.arch import DraftArch, register_draft
+from specft.drafts.init import copy_layer_
 from specft.drafts.layers import DraftHeadConfig
 from specft.drafts.mtp import export  # noqa: F401  (registers the mtp layout)
 from specft.drafts.mtp.model import MtpDraft
@@ -26,6 +27,7 @@ def _check(draft, model) -> None:
 
 register_draft("mtp", DraftArch(
     build=lambda c, head, vocab: MtpDraft(c, head["embed_tokens"], vocab.draft_to_target, head["draft_rows"]),
-    empty=_empty, layouts=("mtp",), check=_check))
+    empty=_empty, layouts=("mtp",), check=_check,
+    init_from_layer=lambda draft, layer: copy_layer_(draft.block, layer)))
 
 __all__ = ["MtpDraft"]
