@@ -349,6 +349,36 @@ def eval_path(model, tokenizer, prompts, new_tokens: int, draft=None, k: int = 0
             "accepted": st.accepted, "proposed": st.proposed}
 
 
+def timed_rounds(model, tokenizer, prompts, new_tokens: int, draft) -> tuple[dict, float]:
+    """Speculative decoding at k=3 with each loop iteration (the round, then emitting its
+    tokens) timed; (the eval path's result, the median seconds per iteration)."""
+    import statistics
+
+    from specft.decoding.engine import SpecDecoder
+
+    spent = {"_round": [], "_emit": []}
+    real = {name: getattr(SpecDecoder, name) for name in spent}
+
+    def timed(name):
+        def wrapper(self, *a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return real[name](self, *a, **kw)
+            finally:
+                spent[name].append(time.perf_counter() - t0)
+        return wrapper
+
+    for name in spent:
+        setattr(SpecDecoder, name, timed(name))
+    try:
+        res = eval_path(model, tokenizer, prompts, new_tokens, draft, k=3)
+    finally:
+        for name in spent:
+            setattr(SpecDecoder, name, real[name])
+    # Medians, like round_parts: noise on a shared machine moves means.
+    return res, statistics.median(spent["_round"]) + statistics.median(spent["_emit"])
+
+
 @torch.no_grad()
 def round_parts(model, draft, prompts, k: int, reps: int) -> dict:
     """The parts of one round timed apart: the draft's propose (k steps) + extend (the kept
@@ -430,40 +460,17 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
         if timer is not None:
             row["profile"] = profile_rows(timer, res["seconds"])
     if "spec" in args.paths:
-        import statistics
-
-        from specft.decoding.engine import SpecDecoder
-
-        draft = random_draft(mcfg, model)
-        spent = {"_round": [], "_emit": []}  # a loop iteration: the round, then emitting its tokens
-        real = {name: getattr(SpecDecoder, name) for name in spent}
-
-        def timed(name):
-            def wrapper(self, *a, **kw):
-                t0 = time.perf_counter()
-                try:
-                    return real[name](self, *a, **kw)
-                finally:
-                    spent[name].append(time.perf_counter() - t0)
-            return wrapper
-
-        for name in spent:
-            setattr(SpecDecoder, name, timed(name))
-        try:
-            res = eval_path(model, tokenizer, prompts, args.spec_tokens, draft, k=3)
-        finally:
-            for name in spent:
-                setattr(SpecDecoder, name, real[name])
-        # Medians, like the parts below: noise on a shared machine moves means.
-        per_round = statistics.median(spent["_round"]) + statistics.median(spent["_emit"])
-        parts = round_parts(model, draft, prompts, 3, reps=9)
-        parts_s = parts["verify_s"] + parts["propose_s"] + parts["extend_s"]
-        add("spec k=3", res, round_ms=1000 * per_round, parts_ms=1000 * parts_s,
-            engine_overhead=per_round / parts_s - 1, **{f"{k}_ms": 1000 * v for k, v in parts.items()},
-            acceptance=res["accepted"] / max(res["proposed"], 1))
-        print(f"    round {1000 * per_round:.1f} ms vs parts {1000 * parts_s:.1f} ms "
-              f"(verify {1000 * parts['verify_s']:.1f}, propose {1000 * parts['propose_s']:.1f}, "
-              f"extend {1000 * parts['extend_s']:.1f})", flush=True)
+        for vocab in (int(v) for v in args.draft_vocab.split(",")):
+            draft = random_draft(mcfg, model, vocab)
+            res, per_round = timed_rounds(model, tokenizer, prompts, args.spec_tokens, draft)
+            parts = round_parts(model, draft, prompts, 3, reps=9)
+            parts_s = parts["verify_s"] + parts["propose_s"] + parts["extend_s"]
+            add("spec k=3" if vocab == 32000 else f"spec k=3 vocab {vocab}", res, round_ms=1000 * per_round,
+                parts_ms=1000 * parts_s, engine_overhead=per_round / parts_s - 1,
+                **{f"{k}_ms": 1000 * v for k, v in parts.items()}, acceptance=res["accepted"] / max(res["proposed"], 1))
+            print(f"    round {1000 * per_round:.1f} ms vs parts {1000 * parts_s:.1f} ms "
+                  f"(verify {1000 * parts['verify_s']:.1f}, propose {1000 * parts['propose_s']:.1f}, "
+                  f"extend {1000 * parts['extend_s']:.1f})", flush=True)
     return rows
 
 
@@ -524,6 +531,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--spec-tokens", type=int, default=32, help="new tokens for the speculative rows")
     ap.add_argument("--profile", default="mxfp4:16", help="quant:batch pairs profiled (comma-separated)")
+    ap.add_argument("--draft-vocab", default="32000",
+                    help="the random draft's vocabulary size(s), comma-separated: one speculative row each")
     ap.add_argument("--label", default="run")
     ap.add_argument("--out", default=str(REPO / "docs" / "results" / "bench_decode.json"))
     ap.add_argument("--against", help="a checkout of the code before a change (e.g. a git worktree, with this "
