@@ -21,7 +21,7 @@ from specft.nested import flatten
 RESUME_SAFE = (
     "meta", "run_dir", "eval", "logger", "plan",
     "trainer.max_steps", "trainer.save_every", "trainer.keep_last", "trainer.log_every",
-    "trainer.val_every", "trainer.val_batches", "trainer.resume", "trainer.nproc", "trainer.hostfile",
+    "trainer.val_every", "trainer.val_batches", "trainer.val_samples", "trainer.resume", "trainer.nproc", "trainer.hostfile",
     "trainer.num_nodes", "cache.root", "cache.dir", "cache.batch_size", "cache.sharding", "cache.tp_size",
 )
 
