@@ -61,11 +61,12 @@ def acceptance_length(step_acc: list[float]) -> float:
 
 def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_target: torch.Tensor,
                   loss_fn, step_weights: float | list[float],
-                  draft_hidden: list[torch.Tensor] | None = None) -> StepResult:
+                  draft_hidden: list[torch.Tensor] | None = None, keep_hits: bool = True) -> StepResult:
     """Step j's outputs at position p are scored against the target at p+j+1. Positions
     whose target argmax is outside the draft vocabulary carry no loss (as EAGLE-3), but
     count as misses in acc_j. ``step_weights``: one weight per step, or a decay d giving
-    step j the weight d ** j."""
+    step j the weight d ** j. ``keep_hits``: keep each step's hit mask (replayed validation
+    needs them; training steps do not)."""
     if not isinstance(step_weights, (list, tuple)):
         step_weights = [step_weights**j for j in range(len(draft_logits))]
     t = view.argmax.shape[1]
@@ -77,7 +78,8 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
             res.step_acc.append(0.0)
             res.step_accept.append(0.0)
             res.step_tokens.append(0)
-            res.step_hits.append(torch.zeros((view.argmax.shape[0], 0), dtype=torch.bool))
+            if keep_hits:
+                res.step_hits.append(torch.zeros((view.argmax.shape[0], 0), dtype=torch.bool))
             continue
         logits = logits[:, :n].float()  # losses in fp32 even when the draft runs in bf16
         valid = view.predicts_assistant[:, j + 1:]
@@ -90,7 +92,8 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
         with torch.no_grad():
             denom = valid.sum().clamp(min=1.0)
             hit = (draft_to_target[logits.argmax(-1)] == view.argmax[:, j + 1:]).float()
-            res.step_hits.append((hit * valid).bool())
+            if keep_hits:
+                res.step_hits.append((hit * valid).bool())
             res.step_losses.append(step_loss.item())
             res.step_acc.append(((hit * valid).sum() / denom).item())
             if view.probs_full is not None:

@@ -242,16 +242,17 @@ class Trainer:
                 x = batch[key]
                 rms = x.pow(2).mean(-1, keepdim=True).sqrt()
                 batch[key + "_input"] = x + noise * rms * torch.randn_like(x)
-        return self._forward_batch(batch)
+        return self._forward_batch(batch, validating=step is None)
 
-    def _forward_batch(self, batch: dict) -> tuple[StepResult, int]:
+    def _forward_batch(self, batch: dict, validating: bool = False) -> tuple[StepResult, int]:
         draft = self.engine.module
         view = target_view(batch, self.head, draft.t2d, self.cfg.trainer.vocab_chunk)
         # Noise perturbs what the draft reads, never the target it is scored against.
         out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
                           batch.get("final_hidden_input", batch["final_hidden"]), self.cfg.draft.ttt_steps)
         weights = self.cfg.draft.step_weights or self.cfg.draft.step_weight_decay
-        res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn, weights, out.hidden)
+        res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn, weights, out.hidden,
+                            keep_hits=validating)
         return res, int(batch["loss_mask"].sum())
 
     def _record(self, results: list[StepResult], step: int, tokens: int, split: str) -> dict:
