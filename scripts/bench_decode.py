@@ -92,16 +92,17 @@ def _configs(quant: str):
     return model_cfg("smollm2_135m"), quant_cfg(quant)
 
 
-def quantized_target(quant: str, calib: list[list[int]]):
+def quantized_target(quant: str, calib: list[list[int]], dtype: str = "float32"):
     from specft.quant import apply_quant, calibrate
     from specft.target import load_target
 
     mcfg, qcfg = _configs(quant)
+    mcfg.dtype = dtype
     model, tokenizer = load_target(mcfg)
     report = apply_quant(model, qcfg)
     if qcfg.needs_calibration:
         calibrate(model, report, ({"input_ids": torch.tensor([p])} for p in calib))
-    return model.float().eval(), tokenizer, mcfg
+    return model.to(getattr(torch, dtype)).eval(), tokenizer, mcfg
 
 
 def random_draft(mcfg, model, vocab: int = 32000):
@@ -421,9 +422,9 @@ PATHS = ("forward", "regenerate", "eval", "spec")
 
 
 def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[dict]:
-    model, tokenizer, mcfg = quantized_target(quant, prompts_all[:4])
+    model, tokenizer, mcfg = quantized_target(quant, prompts_all[:4], args.dtype)
     prompts = prompts_all[:batch]
-    base = {"quant": quant, "batch": batch}
+    base = {"quant": quant, "batch": batch, "dtype": args.dtype}
     roof = roofline(mcfg, batch)
     rows = [{**base, "path": "roofline", **roof}]
     print(f"  {quant} b={batch}: roofline fp32 {roof['gemm_fp32_tok_s']:.0f} tok/s", flush=True)
@@ -435,7 +436,7 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
         rows.append(row)
         decode = (f"; decode phase {row['decode_tok_s']:.1f} tok/s ({row['decode_vs_fp32_roofline']:.0%})"
                   if "decode_tok_s" in row else "")
-        print(f"  {quant} b={batch} {path}: {tok_s:.1f} tok/s ({row['vs_fp32_roofline']:.0%} of fp32 roofline)"
+        print(f"  {quant} b={batch} {args.dtype} {path}: {tok_s:.1f} tok/s ({row['vs_fp32_roofline']:.0%} of fp32 roofline)"
               f"{decode}", flush=True)
         return row
 
@@ -461,7 +462,7 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
             row["profile"] = profile_rows(timer, res["seconds"])
     if "spec" in args.paths:
         for vocab in (int(v) for v in args.draft_vocab.split(",")):
-            draft = random_draft(mcfg, model, vocab)
+            draft = random_draft(mcfg, model, vocab).to(model.dtype)
             res, per_round = timed_rounds(model, tokenizer, prompts, args.spec_tokens, draft)
             parts = round_parts(model, draft, prompts, 3, reps=9)
             parts_s = parts["verify_s"] + parts["propose_s"] + parts["extend_s"]
@@ -475,21 +476,35 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
 
 
 def table(rows: list[dict], old: dict | None) -> str:
-    head = "| quant | batch | path | tok/s | of fp32 roofline |" + (" before tok/s | after/before |" if old else "")
+    head = ("| quant | batch | path | tok/s | of fp32 roofline | decode phase tok/s (of roofline) |"
+            + (" before tok/s | before decode phase | after/before (decode phase) |" if old else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if r["path"] == "roofline":
             cells = [r["quant"], r["batch"], "roofline GEMM fp32 / bf16 / weight read",
-                     f"{r['gemm_fp32_tok_s']:.0f} / {r['gemm_bf16_tok_s']:.0f} / {r['read_bound_tok_s']:.0f}", "1.00"]
+                     f"{r['gemm_fp32_tok_s']:.0f} / {r['gemm_bf16_tok_s']:.0f} / {r['read_bound_tok_s']:.0f}", "1.00", ""]
             if old:
-                cells += ["", ""]
+                o = old.get((r["quant"], r["batch"], "roofline"))
+                cells += [f"{o['gemm_fp32_tok_s']:.0f} (fp32)" if o else "", "", ""]
         else:
-            cells = [r["quant"], r["batch"], r["path"], f"{r['tok_s']:.1f}", f"{r['vs_fp32_roofline']:.2f}"]
+            path = f"{r['path']} ({r.get('dtype', 'float32')})"
+            decode = (f"{r['decode_tok_s']:.1f} ({r['decode_vs_fp32_roofline']:.2f})" if "decode_tok_s" in r
+                      else f"round {r['round_ms']:.0f} ms vs parts {r['parts_ms']:.0f} ms" if "round_ms" in r else "")
+            cells = [r["quant"], r["batch"], path, f"{r['tok_s']:.1f}", f"{r['vs_fp32_roofline']:.2f}", decode]
             if old:
                 o = old.get((r["quant"], r["batch"], r["path"]))
-                cells += [f"{o['tok_s']:.1f}", f"{r['tok_s'] / o['tok_s']:.2f}x"] if o else ["", ""]
+                cells += _before_cells(r, o) if o else ["", "", ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def _before_cells(r: dict, o: dict) -> list[str]:
+    if "decode_tok_s" in r:
+        return [f"{o['tok_s']:.1f}", f"{o['decode_tok_s']:.1f}", f"{r['tok_s'] / o['tok_s']:.2f}x "
+                f"({r['decode_tok_s'] / o['decode_tok_s']:.2f}x)"]
+    if "round_ms" in r:
+        return [f"{o['tok_s']:.1f}", f"round {o['round_ms']:.0f} ms", f"{o['round_ms'] / r['round_ms']:.2f}x faster round"]
+    return [f"{o['tok_s']:.1f}", "", f"{r['tok_s'] / o['tok_s']:.2f}x"]
 
 
 def profile_table(rows: list[dict]) -> str:
@@ -516,7 +531,8 @@ def run_before(tree: str, quant: str, batch: int, args, profiled: bool) -> list[
         cmd = [sys.executable, str(Path(tree) / "scripts" / "bench_decode.py"), "--quants", quant,
                "--batches", str(batch), "--paths", ",".join(args.paths), "--prompt-len", str(args.prompt_len),
                "--new-tokens", str(args.new_tokens), "--spec-tokens", str(args.spec_tokens),
-               "--profile", f"{quant}:{batch}" if profiled else "", "--label", "before", "--out", str(out)]
+               "--profile", f"{quant}:{batch}" if profiled else "", "--label", "before", "--out", str(out),
+               "--dtype", args.before_dtype]
         env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
         subprocess.run(cmd, cwd=tree, env=env, check=True)
         return json.loads(out.read_text())["rows"]
@@ -537,8 +553,15 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "docs" / "results" / "bench_decode.json"))
     ap.add_argument("--against", help="a checkout of the code before a change (e.g. a git worktree, with this "
                     "script copied in): each config runs there first, then here, side by side")
+    ap.add_argument("--dtype", default="auto", help="the target's compute dtype; auto: what specft picks "
+                    "for this machine (bfloat16 where the CPU has AVX512-BF16 or AMX, else float32)")
+    ap.add_argument("--before-dtype", default="float32", help="the dtype the --against checkout runs in")
     args = ap.parse_args()
     args.paths = args.paths.split(",")
+    if args.dtype == "auto":
+        from specft.device import resolve_dtype
+
+        args.dtype = resolve_dtype("auto")
     from specft.target import load_tokenizer
 
     mcfg, _ = _configs("bf16")
@@ -554,7 +577,7 @@ def main() -> None:
                 before += run_before(args.against, quant, batch, args, f"{quant}:{batch}" in profiled)
             rows += bench_one(quant, batch, args, prompts, f"{quant}:{batch}" in profiled)
             _write(args, info, prompts, rows, before)  # after every config: a stopped run keeps its rows
-    old = {(r["quant"], r["batch"], r["path"]): r for r in before if "tok_s" in r} or None
+    old = {(r["quant"], r["batch"], r["path"]): r for r in before if "tok_s" in r or r["path"] == "roofline"} or None
     print(table(rows, old))
     print(profile_table(rows))
     if before:

@@ -13,7 +13,8 @@ from specft.quant.config import QuantConfig
 
 MODEL_SOURCES = ("hf", "gguf", "tiny", "smollm2_package")
 MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
-DTYPES = ("float32", "float64", "bfloat16", "float16")
+DTYPES = ("float32", "float64", "bfloat16", "float16")  # model.dtype also takes "auto"
+EVAL_DTYPES = ("float32", "float64", "bfloat16")  # eval.dtype also takes "auto"
 CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 PRECISIONS = ("fp32", "bf16")
 VAL_DATA = ("split", "heldout")
@@ -40,6 +41,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # 0-based decoder layers whose outputs feed the draft; null: EAGLE-3's 1, N//2-1, N-4.
     aux_layer_ids: list[int] | None = None
+    # auto: bfloat16 where the device computes it natively, else float32 (specft/device.py);
+    # resolved when the config is read, so caches, keys and run configs hold what ran.
     dtype: str = "float32"
 
 
@@ -203,7 +206,9 @@ class EvalConfig:
     top_p: float = 1.0
     top_k: int = 0
     min_confidence: float = 0.0  # > 0: a row stops drafting when the draft's top-1 falls below
-    dtype: str = "float32"  # float64 makes greedy decoding exact against the reference
+    # auto: the target's dtype (model.dtype); float64 makes greedy decoding exact against
+    # the reference
+    dtype: str = "auto"
     out_dir: str | None = None  # null: <run_dir>/eval
     seed: int = 0
 

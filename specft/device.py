@@ -57,3 +57,24 @@ def init_distributed() -> None:
     if choice.kind == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=choice.dist_backend, verbose=False)
+
+
+def native_bf16(kind: str | None = None) -> bool:
+    """Whether the selected device computes bfloat16 natively. On CPU that needs
+    AVX512-BF16 or AMX: without them PyTorch emulates bf16 matmuls at ~1 GFLOP/s, far
+    slower than float32, so machines of one kind must not decide for another."""
+    kind = kind or select_device().kind
+    if kind == "npu":
+        return True
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported()
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def resolve_dtype(name: str) -> str:
+    """``auto``: bfloat16 where the device computes it natively (what serving engines run
+    a quantized target in), float32 elsewhere. Any other name passes through."""
+    if name != "auto":
+        return name
+    return "bfloat16" if native_bf16() else "float32"

@@ -15,6 +15,7 @@ from specft.config import (
     CACHE_DTYPES,
     DRAFT_INITS,
     DTYPES,
+    EVAL_DTYPES,
     MODEL_FAMILIES,
     MODEL_SOURCES,
     PRECISIONS,
@@ -48,8 +49,20 @@ def to_schema(cfg: DictConfig | dict) -> RootConfig:
         key = getattr(err, "full_key", None)
         msg = str(err).splitlines()[0]
         raise ConfigError(f"{key}: {msg}" if key else msg) from None
+    resolve_auto_dtypes(root)
     validate(root)
     return root
+
+
+def resolve_auto_dtypes(cfg: RootConfig) -> None:
+    """``model.dtype=auto`` becomes this device's choice and ``eval.dtype=auto`` the
+    target's, before anything is keyed or saved: a cache built in bfloat16 on one machine
+    is never mistaken for a float32 one built on another."""
+    from specft.device import resolve_dtype
+
+    cfg.model.dtype = resolve_dtype(cfg.model.dtype)
+    if cfg.eval.dtype == "auto":
+        cfg.eval.dtype = cfg.model.dtype
 
 
 def _choice(value: Any, allowed, field_name: str) -> None:
@@ -65,7 +78,7 @@ def _positive(value: int | float, field_name: str) -> None:
 def validate_model(m: ModelConfig) -> None:
     _choice(m.source, MODEL_SOURCES, "model.source")
     _choice(m.family, MODEL_FAMILIES, "model.family")
-    _choice(m.dtype, DTYPES, "model.dtype")
+    _choice(m.dtype, (*DTYPES, "auto"), "model.dtype")
     for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "vocab_size"):
         _positive(getattr(m, name), f"model.{name}")
     if m.source == "hf" and not m.path:
@@ -223,7 +236,7 @@ def _validate_eval(e: EvalConfig) -> None:
         _positive(b, "eval.batch_sizes")
     _positive(e.num_prompts, "eval.num_prompts")
     _positive(e.max_new_tokens, "eval.max_new_tokens")
-    _choice(e.dtype, ("float32", "float64", "bfloat16"), "eval.dtype")
+    _choice(e.dtype, (*EVAL_DTYPES, "auto"), "eval.dtype")
     if e.labels is not None and len(e.labels) != len(e.drafts):
         raise ConfigError(f"eval.labels: one label per draft; {len(e.drafts)} drafts, {len(e.labels)} labels")
     if e.temperature < 0 or not 0 < e.top_p <= 1 or e.top_k < 0:

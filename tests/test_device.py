@@ -55,3 +55,36 @@ def test_cpu_process_group_starts_past_a_stale_extension_lock(tmp_path):
     assert lock.exists()  # still there: nobody waited on it, nobody built the op
     leaked = {n for n in set(os.listdir("/dev/shm")) - before if f"_{port}_" in n}
     assert not leaked
+
+
+@pytest.mark.parametrize("avx512_bf16,amx,expected", [(True, False, "bfloat16"), (False, True, "bfloat16"),
+                                                      (False, False, "float32")])
+def test_auto_dtype_follows_the_cpus_bf16_support(monkeypatch, avx512_bf16, amx, expected):
+    import torch
+
+    from specft.device import native_bf16, resolve_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert native_bf16("cpu") == (expected == "bfloat16")
+    assert resolve_dtype("auto") == expected
+    assert resolve_dtype("float64") == "float64"  # explicit choices pass through
+
+
+def test_config_resolves_auto_before_anything_is_keyed(monkeypatch):
+    """The run's config (and so the cache key) holds the dtype that ran, and eval follows
+    the target unless told otherwise."""
+    import torch
+
+    from helpers import root_cfg
+    from specft.cache.key import cache_key
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    plain = root_cfg("model=smollm2_135m")
+    assert (plain.model.dtype, plain.eval.dtype) == ("float32", "float32")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    native = root_cfg("model=smollm2_135m")
+    assert (native.model.dtype, native.eval.dtype) == ("bfloat16", "bfloat16")
+    assert root_cfg("model=smollm2_135m", "eval.dtype=float64").eval.dtype == "float64"
+    assert cache_key(plain.model) != cache_key(native.model)

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from specft.config import RootConfig, aux_layer_ids
 from specft.decoding import DecodeStats, SamplingConfig, SpecDecoder
+from specft.device import resolve_dtype
 from specft.drafts import DRAFT_ARCHS
 from specft.errors import SpecftError
 from specft.eval.stats import confidence, paired_difference
@@ -144,7 +145,7 @@ def run_eval(cfg: RootConfig) -> Path:
 
     e = cfg.eval
     out_dir = Path(e.out_dir or Path(cfg.run_dir) / "eval").expanduser().resolve()
-    dtype = DTYPES[e.dtype]
+    dtype = DTYPES[resolve_dtype(cfg.model.dtype) if e.dtype == "auto" else e.dtype]
     drafts = _load_drafts(cfg, dtype)  # first: a wrong or damaged draft fails before any work
     tokenizer = load_tokenizer(cfg.model)
     prompts = load_prompts(cfg, tokenizer)

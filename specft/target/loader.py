@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specft.config import ModelConfig
+from specft.device import resolve_dtype
 from specft.errors import ConfigError
 from specft.paths import models_dir
 from specft.registry import Registry
@@ -109,11 +110,22 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
     device_map / tp_plan / device_mesh (see sharding.py)."""
     where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    dtype = dtype or getattr(torch, cfg.dtype)
+    dtype = dtype or getattr(torch, resolve_dtype(cfg.dtype))
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs, **placement)
     _check_architecture(cfg, model.config)
     model.eval().requires_grad_(False)
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous_input)
     return model, _tokenizer_from(where, kwargs)
+
+
+def _contiguous_input(module, args):
+    """``logits_to_keep=1`` hands the head a strided view (the last position of each row);
+    PyTorch's matmul then copies the whole weight once per row instead of running one GEMM
+    (at batch 16: 2 s in bfloat16, 4x the GEMM in float32). A contiguous copy of the view
+    costs nothing."""
+    return (args[0].contiguous(), *args[1:])
 
 
 def target_facts(cfg: ModelConfig, hf_config) -> dict:
