@@ -44,10 +44,12 @@ class Experiment:
 
     def train_data(self) -> list[str]:
         a = self.args
-        mix = (f"data.mix=[{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.gsm8k_samples}}},"
-               f"{{name: sharegpt, path: '{a.sharegpt}', num_samples: {a.sharegpt_samples}, max_turns: 2}}]")
+        sources = [f"{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.gsm8k_samples}}}"]
+        if a.sharegpt_samples:
+            sources.append(f"{{name: sharegpt, path: '{a.sharegpt}', num_samples: {a.sharegpt_samples}, max_turns: 2}}")
+        mix = f"data.mix=[{','.join(sources)}]"
         return ["data=mix", mix, "data.split=train", "data.val_fraction=0.1", "data.regenerate.enabled=true",
-                f"data.regenerate.max_new_tokens={a.max_new_tokens}", "data.regenerate.batch_size=16",
+                f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
                 "data.max_seq_len=512", f"cache.root={self.out / 'cache'}"]
 
     def train(self, name: str, quant: str, run_dir: Path, *extra: str) -> None:
@@ -57,8 +59,8 @@ class Experiment:
         args = ["train", "model=smollm2_135m", f"quant={quant}", *self.train_data(), f"draft.ttt_steps={a.ttt_steps}",
                 f"draft.vocab_size={a.vocab_size}", f"draft.vocab_fill={a.vocab_fill}",
                 f"trainer.max_steps={a.steps}", f"trainer.save_every={min(a.save_every, a.steps)}",
-                "trainer.val_data=heldout", f"trainer.val_samples={a.eval_prompts}",
-                f"trainer.val_batches={a.eval_prompts}", f"eval.k=[{a.k}]", f"eval.max_new_tokens={a.eval_tokens}",
+                "trainer.val_data=heldout", f"trainer.val_samples={a.val_samples or a.eval_prompts}",
+                f"trainer.val_batches={a.val_samples or a.eval_prompts}", f"eval.k=[{a.k}]", f"eval.max_new_tokens={a.eval_tokens}",
                 f"run_dir={run_dir}", *extra]
         self.timed(name, args, run_dir / "checkpoints" / "final")
 
@@ -77,7 +79,8 @@ class Experiment:
                 print(f"[wait] for {label} at {path}", flush=True)
                 time.sleep(60)
         largest = a.batch_sizes.split(",")[-1]
-        runs = [("gsm8k", a.gsm8k, a.k, largest), ("sharegpt", a.sharegpt, a.k, largest)]
+        sets = {"gsm8k": a.gsm8k, "sharegpt": a.sharegpt}
+        runs = [(data, sets[data], a.k, largest) for data in a.eval_sets.split(",")]
         if a.latency_k:
             runs.append(("gsm8k", a.gsm8k, a.latency_k, a.batch_sizes.split(",")[0]))
         for data, path, ks, batch in runs:
@@ -223,6 +226,10 @@ def main() -> None:
     p.add_argument("--ttt-steps", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per prompt set (eval and validation)")
+    p.add_argument("--val-samples", type=int, default=0,
+                   help="held-out prompts the trainer's replayed validation uses (0: --eval-prompts)")
+    p.add_argument("--regen-batch", type=int, default=16, help="data.regenerate.batch_size (part of the cache key)")
+    p.add_argument("--eval-sets", default="gsm8k,sharegpt", help="held-out prompt sets evaluated")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--vocab-fill", default="seen", help="seen | prior (draft.vocab_fill)")
     p.add_argument("--save-every", type=int, default=25, help="training steps between checkpoints (a resume point)")

@@ -1,0 +1,162 @@
+"""Issue 15, part 5: token acceptance at k=3 against the target tokens a draft trained on,
+the usual recipe (a draft trained on the 16-bit target) against specft's (trained on the
+quantized target), on held-out GSM8K, with 95% CIs and the paired difference per budget.
+
+    python scripts/learning_curve.py --out-dir runs/learning_curve                 # MXFP4
+    python scripts/learning_curve.py --out-dir runs/learning_curve --quants mxfp4,fp8
+
+Each budget is one `scripts/quant_alignment.py` experiment (GSM8K train only, regenerated
+by each target; training steps grow with the data, so every budget sees the same number of
+epochs) under <out-dir>/budget-<samples>; all share one cache root. Every step resumes, so a
+stopped run loses at most the step it was in. curve.md, curve.json and curve.png are
+rewritten after each budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+
+
+def budget_args(a: argparse.Namespace, samples: int) -> list[str]:
+    steps = max(a.min_steps, round(samples * a.steps_per_sample))
+    parts = ["base"] + [f"{q}-ours" for q in a.quants.split(",")] + [f"{q}-eval" for q in a.quants.split(",")]
+    return [sys.executable, str(SCRIPTS / "quant_alignment.py"), "--out-dir", str(a.out_dir / f"budget-{samples}"),
+            "--parts", ",".join(parts), "--qat-quants", "", "--gsm8k-samples", str(samples), "--sharegpt-samples", "0",
+            "--steps", str(steps), "--save-every", str(a.save_every), "--eval-prompts", str(a.eval_prompts),
+            "--val-samples", str(a.val_samples), "--eval-sets", "gsm8k", "--k", "3", "--batch-sizes", str(a.batch),
+            "--latency-k", "", "--vocab-size", str(a.vocab_size), "--vocab-fill", "prior",
+            "--regen-batch", str(a.regen_batch), "--eval-tokens", str(a.eval_tokens)]
+
+
+def regenerated_tokens(out_dir: Path, samples: int, quant: str) -> int | None:
+    """New tokens the target wrote for this budget's training cache (its manifest)."""
+    for manifest in sorted((out_dir / "cache").glob(f"*-{quant}-*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        prov = m.get("provenance", {})
+        mix = prov.get("data", {}).get("mix") or []
+        if prov.get("data", {}).get("split") == "train" and mix and mix[0].get("num_samples") == samples:
+            return m.get("data_summary", {}).get("regen_new_tokens")
+    return None
+
+
+def collect(a: argparse.Namespace) -> list[dict]:
+    rows = []
+    for samples in sorted(a.budgets):
+        for quant in a.quants.split(","):
+            res = a.out_dir / f"budget-{samples}" / f"eval-{quant}-gsm8k-b{a.batch}" / "results.json"
+            if not res.exists():
+                continue
+            report = json.loads(res.read_text())
+            by = {r["draft"]: r for r in report["results"] if r["k"] == 3}
+            comp = next((c for c in report.get("comparisons", []) if c["k"] == 3
+                         and (c["a"], c["b"]) == ("baseline_16bit", "specft")), None)
+            rows.append({"samples": samples, "quant": quant,
+                         "train_tokens_regenerated": regenerated_tokens(a.out_dir, samples, quant),
+                         "baseline_tokens_regenerated": regenerated_tokens(a.out_dir, samples, "bf16"),
+                         "baseline": _rate(by.get("baseline_16bit")), "specft": _rate(by.get("specft")),
+                         "difference": comp})
+    return rows
+
+
+def _rate(r: dict | None) -> dict | None:
+    if r is None:
+        return None
+    return {"rate": r["acceptance_rate"], "ci": r.get("acceptance_rate_ci"), "length": r["acceptance_length"]}
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return ""
+    ci = f" [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r.get("ci") else ""
+    return f"{r['rate']:.3f}{ci} ({r['length']:.2f})"
+
+
+def _diff_cell(c: dict | None) -> str:
+    if not c:
+        return ""
+    lo, hi = c["rate_difference_ci"]
+    verdict = "no difference" if lo <= 0 <= hi else ("specft ahead" if lo > 0 else "baseline ahead")
+    return f"{100 * c['rate_difference']:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]: {verdict}"
+
+
+def markdown(rows: list[dict], a: argparse.Namespace) -> str:
+    lines = [f"Held-out GSM8K, {a.eval_prompts} prompts, k=3, batch {a.batch}, greedy; acceptance rate "
+             "[95% CI over prompts] (acceptance length).", "",
+             "| quant | GSM8K samples | tokens regenerated (quantized / 16-bit target) | baseline (16-bit recipe) "
+             "| specft | specft - baseline [95% CI] |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['quant']} | {r['samples']} | {r['train_tokens_regenerated']} / "
+                     f"{r['baseline_tokens_regenerated']} | {_cell(r['baseline'])} | {_cell(r['specft'])} | "
+                     f"{_diff_cell(r['difference'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for quant in sorted({r["quant"] for r in rows}):
+        mine = [r for r in rows if r["quant"] == quant and r["specft"] and r["baseline"]]
+        for key, style in (("baseline", "--o"), ("specft", "-s")):
+            xs = [r["train_tokens_regenerated"] or r["samples"] for r in mine]
+            ys = [r[key]["rate"] for r in mine]
+            err = [[r[key]["rate"] - r[key]["ci"][0] for r in mine], [r[key]["ci"][1] - r[key]["rate"] for r in mine]] \
+                if all(r[key].get("ci") for r in mine) else None
+            ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=f"{key} ({quant} target)")
+    ax.set_xscale("log")
+    ax.set_xlabel("target tokens regenerated for training")
+    ax.set_ylabel("token acceptance, k=3 (held-out GSM8K)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write(rows: list[dict], a: argparse.Namespace) -> None:
+    (a.out_dir / "curve.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+                                                      "rows": rows}, indent=2))
+    (a.out_dir / "curve.md").write_text(markdown(rows, a))
+    if rows:
+        plot(rows, a.out_dir / "curve.png")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", type=Path, default=Path("runs/learning_curve"))
+    p.add_argument("--budgets", default="52,520,175", help="GSM8K training samples per budget (~115 new "
+                   "tokens each at 128 max), run in this order: the ends of the 10x span first")
+    p.add_argument("--quants", default="mxfp4")
+    p.add_argument("--steps-per-sample", type=float, default=0.375, help="training steps per sample (a fixed "
+                   "number of epochs at every budget)")
+    p.add_argument("--min-steps", type=int, default=20)
+    p.add_argument("--save-every", type=int, default=25)
+    p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--val-samples", type=int, default=32)
+    p.add_argument("--eval-tokens", type=int, default=64)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--regen-batch", type=int, default=32)
+    p.add_argument("--only-summary", action="store_true", help="rewrite curve.* from finished budgets")
+    a = p.parse_args()
+    a.budgets = [int(b) for b in a.budgets.split(",")]
+    a.out_dir = a.out_dir.resolve()
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    if not a.only_summary:
+        for samples in a.budgets:
+            subprocess.run(budget_args(a, samples), check=True)
+            write(collect(a), a)
+    write(collect(a), a)
+    print((a.out_dir / "curve.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
