@@ -94,3 +94,21 @@ def test_regeneration_samples_reproducibly_and_stops_at_eos():
     assert a == b and a != c
     assert all(tok.eos_token_id not in ans for ans in a)
     assert all(len(ans) == 10 for ans, cap in zip(a, capped) if cap)
+
+
+@torch.no_grad()
+def test_the_head_sees_a_contiguous_last_position():
+    """logits_to_keep=1 slices the last position as a strided view; the loader's hook hands
+    the head a contiguous copy (else PyTorch's matmul copies the weight once per row) and
+    the logits are the full forward's last position."""
+    m, _, _ = _model(dtype=torch.float32)
+    seen = []
+    handle = m.get_output_embeddings().register_forward_pre_hook(lambda mod, a: seen.append(a[0].is_contiguous()))
+    ids = torch.randint(0, m.config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(1))
+    try:
+        last = m(input_ids=ids, logits_to_keep=1).logits
+        full = m(input_ids=ids).logits
+    finally:
+        handle.remove()
+    assert seen == [True, True]
+    torch.testing.assert_close(last[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
