@@ -156,3 +156,21 @@ def test_float32_bit_rounding_matches_ml_dtypes_on_every_midpoint(name):
     big = fmt.round_float32(torch.tensor([fmt.max_value * 1.5, -1e30, float("inf"), float("-inf")]))
     assert big.tolist() == [fmt.max_value, -fmt.max_value, fmt.max_value, -fmt.max_value]
     assert torch.isnan(fmt.round_float32(torch.tensor([float("nan")]))).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scheme,fmt", [("token", "e4m3"), ("channel", "e4m3"), ("token", "e5m2"), ("token", "e2m1")])
+def test_rowwise_fast_path_equals_the_general_path(dtype, scheme, fmt):
+    """Per-row float formats take a fused float32 path (also for bfloat16 and float16
+    inputs, computed in float32); the general path (taken when a clip mask is wanted)
+    is the reference, bit for bit."""
+    from specft.quant.fake_quant import TensorQuantSpec, fake_quant, quantize_with_clip_mask
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(64, 96, generator=g) * torch.logspace(-3, 3, 64)[:, None]).to(dtype)
+    x[5] = 0  # an all-zero row keeps scale 1
+    spec = TensorQuantSpec(format=fmt, scheme=scheme)
+    fast = fake_quant(x, spec)
+    general, _ = quantize_with_clip_mask(x, spec)
+    assert fast.dtype == dtype
+    assert torch.equal(fast, general)

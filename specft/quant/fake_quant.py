@@ -192,6 +192,9 @@ SCHEMES: dict[str, Scheme] = {
                     formats=("e2m1",), formats_note="nvfp4 uses e2m1 elements"),
 }
 ROWWISE_SCHEMES = ("token", "channel")  # one scale per row: the float32 fast path
+# Inputs the fast path takes, computing in float32 as the general path does (bfloat16 is
+# what a target in model.dtype=auto runs in on a CPU with native bf16).
+ROWWISE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 
@@ -230,9 +233,9 @@ def quantize_with_clip_mask(x: torch.Tensor, spec: TensorQuantSpec,
 
 def _quantize(x: torch.Tensor, spec: TensorQuantSpec, scale: torch.Tensor | None, want_mask: bool):
     fmt = get_format(spec.format)
-    if (not want_mask and scale is None and x.dtype == torch.float32 and spec.scheme in ROWWISE_SCHEMES
+    if (not want_mask and scale is None and x.dtype in ROWWISE_DTYPES and spec.scheme in ROWWISE_SCHEMES
             and isinstance(fmt, FloatFormat)):
-        return _rowwise_float32(x, fmt), None
+        return _rowwise_float32(x.float(), fmt).to(x.dtype), None  # .float()/.to: no-ops for float32
     xc = x.to(_compute_dtype(x))
     if scale is not None:
         q, clipped = _quantize_symmetric(xc, scale.to(xc.dtype), fmt, want_mask)
