@@ -223,13 +223,19 @@ def test_nan_features_stop_training_and_keep_the_last_good_checkpoint(tmp_path):
 
 def test_ctrl_c_is_one_line_saying_how_to_resume(tmp_path):
     args = _train_args(tmp_path, 10_000)
+    # A shell starts background jobs with SIGINT ignored, and children inherit that: give
+    # the command the default disposition, as a terminal would, however pytest was started.
     proc = subprocess.Popen([sys.executable, "-m", "specft.cli", *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     latest = tmp_path / RUN / "checkpoints" / "latest"
-    while not latest.exists() and proc.poll() is None:  # training has started
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        while not latest.exists() and proc.poll() is None:  # training has started
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a failed run must not go on training 10,000 steps
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert err.strip().splitlines()[-1].startswith("interrupted: specft train stopped")
