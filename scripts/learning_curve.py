@@ -31,7 +31,7 @@ def budget_args(a: argparse.Namespace, samples: int) -> list[str]:
             "--steps", str(steps), "--save-every", str(a.save_every), "--eval-prompts", str(a.eval_prompts),
             "--val-samples", str(a.val_samples), "--eval-sets", "gsm8k", "--k", "3", "--batch-sizes", str(a.batch),
             "--latency-k", "", "--vocab-size", str(a.vocab_size), "--vocab-fill", "prior",
-            "--regen-batch", str(a.regen_batch), "--eval-tokens", str(a.eval_tokens)]
+            "--regen-batch", str(a.regen_batch), "--eval-tokens", str(a.eval_tokens), "--no-eval-alone"]
 
 
 def regenerated_tokens(out_dir: Path, samples: int, quant: str) -> int | None:

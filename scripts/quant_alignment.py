@@ -108,7 +108,7 @@ class Experiment:
                 self.train(f"train specft + draft QAT ({quant})", quant, self.out / f"ours-{quant}-qat",
                            f"draft.quant={quant}")
             elif step == "eval":
-                self.evaluate(quant, self.draft_dirs(quant), alone=True)
+                self.evaluate(quant, self.draft_dirs(quant), alone=self.args.eval_alone)
             else:
                 raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, <quant>-eval")
 
@@ -229,6 +229,8 @@ def main() -> None:
     p.add_argument("--val-samples", type=int, default=0,
                    help="held-out prompts the trainer's replayed validation uses (0: --eval-prompts)")
     p.add_argument("--regen-batch", type=int, default=16, help="data.regenerate.batch_size (part of the cache key)")
+    p.add_argument("--no-eval-alone", dest="eval_alone", action="store_false",
+                   help="skip the target-alone rows (acceptance only: no latency comparison)")
     p.add_argument("--eval-sets", default="gsm8k,sharegpt", help="held-out prompt sets evaluated")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--vocab-fill", default="seen", help="seen | prior (draft.vocab_fill)")

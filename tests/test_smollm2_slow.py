@@ -15,6 +15,10 @@ def test_main_job_on_smollm2_runs_both_stages(tmp_path):
     (cache_dir,) = (tmp_path / "cache").iterdir()
     manifest = json.loads((cache_dir / "manifest.json").read_text())
     assert manifest["provenance"]["model"]["name"] == "smollm2_135m"
+    from specft.device import resolve_dtype
+
+    # model.dtype=auto, keyed as what ran: bfloat16 on a CPU with native bf16, else float32
+    assert manifest["provenance"]["model"]["dtype"] == resolve_dtype("auto")
     assert manifest["hidden_size"] == 576 and manifest["aux_layer_ids"] == [1, 14, 26]
     assert manifest["target"]["vocab_size"] == 49152
     report = json.loads((cache_dir / "quant_report.json").read_text())
