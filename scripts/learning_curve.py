@@ -56,7 +56,7 @@ def collect(a: argparse.Namespace) -> list[dict]:
             by = {r["draft"]: r for r in report["results"] if r["k"] == 3}
             comp = next((c for c in report.get("comparisons", []) if c["k"] == 3
                          and (c["a"], c["b"]) == ("baseline_16bit", "specft")), None)
-            rows.append({"samples": samples, "quant": quant,
+            rows.append({"samples": samples, "quant": quant, "prompts": report["meta"].get("prompts"),
                          "train_tokens_regenerated": regenerated_tokens(a.out_dir, samples, quant),
                          "baseline_tokens_regenerated": regenerated_tokens(a.out_dir, samples, "bf16"),
                          "baseline": _rate(by.get("baseline_16bit")), "specft": _rate(by.get("specft")),
@@ -86,14 +86,14 @@ def _diff_cell(c: dict | None) -> str:
 
 
 def markdown(rows: list[dict], a: argparse.Namespace) -> str:
-    lines = [f"Held-out GSM8K, {a.eval_prompts} prompts, k=3, batch {a.batch}, greedy; acceptance rate "
-             "[95% CI over prompts] (acceptance length).", "",
-             "| quant | GSM8K samples | tokens regenerated (quantized / 16-bit target) | baseline (16-bit recipe) "
-             "| specft | specft - baseline [95% CI] |", "|---|---|---|---|---|---|"]
+    lines = [f"Held-out GSM8K, k=3, batch {a.batch}, greedy; acceptance rate [95% CI over prompts] "
+             "(acceptance length).", "",
+             "| quant | GSM8K samples | tokens regenerated (quantized / 16-bit target) | held-out prompts "
+             "| baseline (16-bit recipe) | specft | specft - baseline [95% CI] |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['quant']} | {r['samples']} | {r['train_tokens_regenerated']} / "
-                     f"{r['baseline_tokens_regenerated']} | {_cell(r['baseline'])} | {_cell(r['specft'])} | "
-                     f"{_diff_cell(r['difference'])} |")
+                     f"{r['baseline_tokens_regenerated']} | {r['prompts']} | {_cell(r['baseline'])} | "
+                     f"{_cell(r['specft'])} | {_diff_cell(r['difference'])} |")
     return "\n".join(lines) + "\n"
 
 
