@@ -7,7 +7,7 @@ quantized target), on held-out GSM8K, with 95% CIs and the paired difference per
 
 Each budget is one `scripts/quant_alignment.py` experiment (GSM8K train only, regenerated
 by each target; training steps grow with the data, so every budget sees the same number of
-epochs) under <out-dir>/budget-<samples>; all share one cache root. Every step resumes, so a
+epochs) under <out-dir>/budget-<samples>, caches included. Every step resumes, so a
 stopped run loses at most the step it was in. curve.md, curve.json and curve.png are
 rewritten after each budget.
 """
@@ -36,7 +36,7 @@ def budget_args(a: argparse.Namespace, samples: int) -> list[str]:
 
 def regenerated_tokens(out_dir: Path, samples: int, quant: str) -> int | None:
     """New tokens the target wrote for this budget's training cache (its manifest)."""
-    for manifest in sorted((out_dir / "cache").glob(f"*-{quant}-*/manifest.json")):
+    for manifest in sorted((out_dir / f"budget-{samples}" / "cache").glob(f"*-{quant}-*/manifest.json")):
         m = json.loads(manifest.read_text())
         prov = m.get("provenance", {})
         mix = prov.get("data", {}).get("mix") or []
