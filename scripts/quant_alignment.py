@@ -154,6 +154,7 @@ def pivot_markdown(rows: list[dict], comparisons: list[dict] | None = None) -> s
             batch = max(r["batch_size"] for r in rows if r["quant"] == quant and r["data"] == data)
             cells = [r for r in rows if r["quant"] == quant and r["data"] == data and r["batch_size"] == batch and r["k"]]
             drafts = list(dict.fromkeys(r["draft"] for r in cells))
+            mine = [c for c in comparisons if (c["quant"], c["data"]) == (quant, data)]
             lines += [f"**{quant} target, held-out {data}, batch {batch}**: acceptance rate (acceptance length)", "",
                       "| k | " + " | ".join(drafts) + " | specft - baseline | baseline on bf16 target (reference) |",
                       "|" + "---|" * (len(drafts) + 3)]
@@ -163,7 +164,7 @@ def pivot_markdown(rows: list[dict], comparisons: list[dict] | None = None) -> s
                     if "specft" in by and "baseline_16bit" in by else None
                 rr = ref.get((data, k))
                 lines.append(f"| {k} | " + " | ".join(_rate_cell(by[d]) for d in drafts)
-                             + f" | {'' if gap is None else _gap_cell(by, comparisons, k, batch, gap)} | "
+                             + f" | {'' if gap is None else _gap_cell(by, mine, k, batch, gap)} | "
                              + (f"{rr['acceptance_rate']:.3f} ({rr['acceptance_length']:.2f})" if rr else "") + " |")
             lines.append("")
     return "\n".join(lines)
