@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from quant_alignment import difference_cell, find_comparison, rate_cell
+
 SCRIPTS = Path(__file__).resolve().parent
 
 
@@ -53,36 +55,18 @@ def collect(a: argparse.Namespace) -> list[dict]:
             if not res.exists():
                 continue
             report = json.loads(res.read_text())
-            by = {r["draft"]: r for r in report["results"] if r["k"] == 3}
-            comp = next((c for c in report.get("comparisons", []) if c["k"] == 3
-                         and (c["a"], c["b"]) == ("baseline_16bit", "specft")), None)
+            by = {r["draft"]: _summary(r) for r in report["results"] if r["k"] == 3}
             rows.append({"samples": samples, "quant": quant, "prompts": report["meta"].get("prompts"),
                          "train_tokens_regenerated": regenerated_tokens(a.out_dir, samples, quant),
                          "baseline_tokens_regenerated": regenerated_tokens(a.out_dir, samples, "bf16"),
-                         "baseline": _rate(by.get("baseline_16bit")), "specft": _rate(by.get("specft")),
-                         "difference": comp})
+                         "baseline": by.get("baseline_16bit"), "specft": by.get("specft"),
+                         "difference": find_comparison(report.get("comparisons", []), 3, a.batch)})
     return rows
 
 
-def _rate(r: dict | None) -> dict | None:
-    if r is None:
-        return None
-    return {"rate": r["acceptance_rate"], "ci": r.get("acceptance_rate_ci"), "length": r["acceptance_length"]}
-
-
-def _cell(r: dict | None) -> str:
-    if r is None:
-        return ""
-    ci = f" [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r.get("ci") else ""
-    return f"{r['rate']:.3f}{ci} ({r['length']:.2f})"
-
-
-def _diff_cell(c: dict | None) -> str:
-    if not c:
-        return ""
-    lo, hi = c["rate_difference_ci"]
-    verdict = "no difference" if lo <= 0 <= hi else ("specft ahead" if lo > 0 else "baseline ahead")
-    return f"{100 * c['rate_difference']:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]: {verdict}"
+def _summary(r: dict) -> dict:
+    """An eval record without its per-prompt counts."""
+    return {key: r.get(key) for key in ("acceptance_rate", "acceptance_rate_ci", "acceptance_length")}
 
 
 def markdown(rows: list[dict], a: argparse.Namespace) -> str:
@@ -91,9 +75,10 @@ def markdown(rows: list[dict], a: argparse.Namespace) -> str:
              "| quant | GSM8K samples | tokens regenerated (quantized / 16-bit target) | held-out prompts "
              "| baseline (16-bit recipe) | specft | specft - baseline [95% CI] |", "|---|---|---|---|---|---|---|"]
     for r in rows:
+        cells = [rate_cell(r[d]) if r[d] else "" for d in ("baseline", "specft")]
         lines.append(f"| {r['quant']} | {r['samples']} | {r['train_tokens_regenerated']} / "
-                     f"{r['baseline_tokens_regenerated']} | {r['prompts']} | {_cell(r['baseline'])} | "
-                     f"{_cell(r['specft'])} | {_diff_cell(r['difference'])} |")
+                     f"{r['baseline_tokens_regenerated']} | {r['prompts']} | {cells[0]} | {cells[1]} | "
+                     f"{difference_cell(r['difference']) if r['difference'] else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -108,9 +93,10 @@ def plot(rows: list[dict], path: Path) -> None:
         mine = [r for r in rows if r["quant"] == quant and r["specft"] and r["baseline"]]
         for key, style in (("baseline", "--o"), ("specft", "-s")):
             xs = [r["train_tokens_regenerated"] or r["samples"] for r in mine]
-            ys = [r[key]["rate"] for r in mine]
-            err = [[r[key]["rate"] - r[key]["ci"][0] for r in mine], [r[key]["ci"][1] - r[key]["rate"] for r in mine]] \
-                if all(r[key].get("ci") for r in mine) else None
+            ys = [r[key]["acceptance_rate"] for r in mine]
+            err = [[y - r[key]["acceptance_rate_ci"][0] for y, r in zip(ys, mine)],
+                   [r[key]["acceptance_rate_ci"][1] - y for y, r in zip(ys, mine)]] \
+                if all(r[key]["acceptance_rate_ci"] for r in mine) else None
             ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=f"{key} ({quant} target)")
     ax.set_xscale("log")
     ax.set_xlabel("target tokens regenerated for training")

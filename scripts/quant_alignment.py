@@ -127,20 +127,30 @@ class Experiment:
         plot(rows, self.out / "acceptance.png")
 
 
-def _rate_cell(r: dict) -> str:
+def rate_cell(r: dict) -> str:
+    """An eval record's acceptance rate [95% CI] (acceptance length)."""
     ci = r.get("acceptance_rate_ci")
     interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
     return f"{r['acceptance_rate']:.3f}{interval} ({r['acceptance_length']:.2f})"
 
 
-def _gap_cell(by: dict, comparisons: list[dict], k: int, batch: int, gap: float) -> str:
+def difference_cell(c: dict) -> str:
+    """An eval comparison of the baseline and specft as specft - baseline in points, with
+    its paired 95% CI and verdict, whichever order eval compared them in."""
+    sign = 1 if c["b"] == "specft" else -1
+    lo, hi = sorted(sign * 100 * v for v in c["rate_difference_ci"])
+    return f"{sign * 100 * c['rate_difference']:+.1f} pts [{lo:+.1f}, {hi:+.1f}], {verdict(c)}"
+
+
+def find_comparison(comparisons: list[dict], k: int, batch: int) -> dict | None:
+    return next((c for c in comparisons if (c["k"], c["batch_size"]) == (k, batch)
+                 and {c["a"], c["b"]} == {"baseline_16bit", "specft"}), None)
+
+
+def _gap_cell(comparisons: list[dict], k: int, batch: int, gap: float) -> str:
     """specft - baseline in points with its paired 95% CI and verdict, when eval gave one."""
-    for c in comparisons:
-        if (c["k"], c["batch_size"]) == (k, batch) and {c["a"], c["b"]} == {"baseline_16bit", "specft"}:
-            sign = 1 if c["b"] == "specft" else -1
-            lo, hi = sorted(sign * 100 * v for v in c["rate_difference_ci"])
-            return f"{gap:+.1f} pts [{lo:+.1f}, {hi:+.1f}], {verdict(c)}"
-    return f"{gap:+.1f} pts"
+    c = find_comparison(comparisons, k, batch)
+    return f"{gap:+.1f} pts" if c is None else difference_cell(c)
 
 
 def pivot_markdown(rows: list[dict], comparisons: list[dict] | None = None) -> str:
@@ -163,8 +173,8 @@ def pivot_markdown(rows: list[dict], comparisons: list[dict] | None = None) -> s
                 gap = (by["specft"]["acceptance_rate"] - by["baseline_16bit"]["acceptance_rate"]) * 100 \
                     if "specft" in by and "baseline_16bit" in by else None
                 rr = ref.get((data, k))
-                lines.append(f"| {k} | " + " | ".join(_rate_cell(by[d]) for d in drafts)
-                             + f" | {'' if gap is None else _gap_cell(by, mine, k, batch, gap)} | "
+                lines.append(f"| {k} | " + " | ".join(rate_cell(by[d]) for d in drafts)
+                             + f" | {'' if gap is None else _gap_cell(mine, k, batch, gap)} | "
                              + (f"{rr['acceptance_rate']:.3f} ({rr['acceptance_length']:.2f})" if rr else "") + " |")
             lines.append("")
     return "\n".join(lines)
