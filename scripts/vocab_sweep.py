@@ -29,14 +29,18 @@ class Sweep:
     def __init__(self, args: argparse.Namespace, walls_name: str = "walls.json"):
         self.args, self.out = args, args.out_dir.resolve()
         self.steps = Steps(self.out, walls_name)
+        self.cache_root = args.cache_root.resolve() if args.cache_root else self.out / "cache"
 
     def common(self) -> list[str]:
         a = self.args
-        return ["model=smollm2_135m", f"quant={a.quant}", "data=gsm8k", f"data.path={a.gsm8k}",
-                "data.split=train", "data.val_fraction=0.1", f"data.num_samples={a.samples}",
+        # --mix names the data as scripts/quant_alignment.py does (a one-source mix), so the
+        # caches it built for the same samples are reused (the data config keys the cache).
+        data = ["data=mix", f"data.mix=[{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.samples}}}]"] if a.mix \
+            else ["data=gsm8k", f"data.path={a.gsm8k}", f"data.num_samples={a.samples}"]
+        return ["model=smollm2_135m", f"quant={a.quant}", *data, "data.split=train", "data.val_fraction=0.1",
                 "data.regenerate.enabled=true", f"data.regenerate.max_new_tokens={a.max_new_tokens}",
                 f"data.regenerate.batch_size={a.regen_batch}", "data.max_seq_len=512",
-                f"cache.root={self.out / 'cache'}"]
+                f"cache.root={self.cache_root}"]
 
     def draft_dir(self, size: str) -> Path:
         return self.out / f"draft-{size}"
@@ -90,7 +94,7 @@ class Sweep:
         train = [m for m in metrics if m["split"] == "train"]
         with safe_open(str(run / "checkpoints" / "final" / "draft.safetensors"), framework="pt") as f:
             t2d = f.get_tensor("t2d")
-        held = _heldout_counts(self.out / "cache")
+        held = _heldout_counts(self.cache_root)
         label = f"vocab_{size}"
         results = {(r["k"], r["batch_size"]): r for d in ("eval-acceptance", "eval-latency-b1")
                    for r in json.loads((self.out / d / "results.json").read_text())["results"] if r["draft"] == label}
@@ -157,6 +161,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
+    p.add_argument("--mix", action="store_true", help="name the data as quant_alignment.py does, to share its caches")
+    p.add_argument("--cache-root", type=Path, default=None, help="default: <out-dir>/cache")
 
 
 def main() -> None:
