@@ -19,6 +19,10 @@ from specft.eval.stats import confidence, paired_difference
 
 VARIANTS = {
     "reference": (),
+    # The reference recipe again with another seed (init, data order, prior sampling): the
+    # spread between seeds that a CI over prompts does not include.
+    "seed_1": ("seed=1",),
+    "seed_2": ("seed=2",),
     "ttt_3": ("draft.ttt_steps=3",),
     "ttt_7": ("draft.ttt_steps=7",),
     "loss_lk": ("loss=lk",),
