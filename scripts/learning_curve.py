@@ -33,12 +33,18 @@ def budget_args(a: argparse.Namespace, samples: int) -> list[str]:
             "--steps", str(steps), "--save-every", str(a.save_every), "--eval-prompts", str(a.eval_prompts),
             "--val-samples", str(a.val_samples), "--eval-sets", "gsm8k", "--k", "3", "--batch-sizes", str(a.batch),
             "--latency-k", "", "--vocab-size", str(a.vocab_size), "--vocab-fill", "prior",
-            "--regen-batch", str(a.regen_batch), "--eval-tokens", str(a.eval_tokens), "--no-eval-alone"]
+            "--regen-batch", str(a.regen_batch), "--eval-tokens", str(a.eval_tokens), "--no-eval-alone",
+            "--seed", str(a.seed), "--cache-root", str(cache_root(a, samples))]
 
 
-def regenerated_tokens(out_dir: Path, samples: int, quant: str) -> int | None:
+def cache_root(a: argparse.Namespace, samples: int) -> Path:
+    """The budget's caches: its own, or those of the curve --cache-from names (same data)."""
+    return (a.cache_from or a.out_dir) / f"budget-{samples}" / "cache"
+
+
+def regenerated_tokens(a: argparse.Namespace, samples: int, quant: str) -> int | None:
     """New tokens the target wrote for this budget's training cache (its manifest)."""
-    for manifest in sorted((out_dir / f"budget-{samples}" / "cache").glob(f"*-{quant}-*/manifest.json")):
+    for manifest in sorted(cache_root(a, samples).glob(f"*-{quant}-*/manifest.json")):
         m = json.loads(manifest.read_text())
         prov = m.get("provenance", {})
         mix = prov.get("data", {}).get("mix") or []
@@ -57,8 +63,8 @@ def collect(a: argparse.Namespace) -> list[dict]:
             report = json.loads(res.read_text())
             by = {r["draft"]: _summary(r) for r in report["results"] if r["k"] == 3}
             rows.append({"samples": samples, "quant": quant, "prompts": report["meta"].get("prompts"),
-                         "train_tokens_regenerated": regenerated_tokens(a.out_dir, samples, quant),
-                         "baseline_tokens_regenerated": regenerated_tokens(a.out_dir, samples, "bf16"),
+                         "train_tokens_regenerated": regenerated_tokens(a, samples, quant),
+                         "baseline_tokens_regenerated": regenerated_tokens(a, samples, "bf16"),
                          "baseline": by.get("baseline_16bit"), "specft": by.get("specft"),
                          "difference": find_comparison(report.get("comparisons", []), 3, a.batch)})
     return rows
@@ -91,8 +97,10 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for quant in sorted({r["quant"] for r in rows}):
         mine = [r for r in rows if r["quant"] == quant and r["specft"] and r["baseline"]]
-        for key, style in (("baseline", "--o"), ("specft", "-s")):
-            xs = [r["train_tokens_regenerated"] or r["samples"] for r in mine]
+        # each draft at the tokens it trained on: the baseline's are the 16-bit target's
+        for key, tokens, style in (("baseline", "baseline_tokens_regenerated", "--o"),
+                                   ("specft", "train_tokens_regenerated", "-s")):
+            xs = [r[tokens] or r["samples"] for r in mine]
             ys = [r[key]["acceptance_rate"] for r in mine]
             err = [[y - r[key]["acceptance_rate_ci"][0] for y, r in zip(ys, mine)],
                    [r[key]["acceptance_rate_ci"][1] - y for y, r in zip(ys, mine)]] \
@@ -131,10 +139,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--regen-batch", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0, help="training seed: a replicate of a curve under another seed")
+    p.add_argument("--cache-from", type=Path, default=None, help="another curve's --out-dir whose budget caches "
+                   "to reuse (a seed replicate: the caches do not depend on the seed)")
     p.add_argument("--only-summary", action="store_true", help="rewrite curve.* from finished budgets")
     a = p.parse_args()
     a.budgets = [int(b) for b in a.budgets.split(",")]
     a.out_dir = a.out_dir.resolve()
+    a.cache_from = a.cache_from.resolve() if a.cache_from else None
     a.out_dir.mkdir(parents=True, exist_ok=True)
     if not a.only_summary:
         for samples in a.budgets:

@@ -50,7 +50,7 @@ class Experiment:
         mix = f"data.mix=[{','.join(sources)}]"
         return ["data=mix", mix, "data.split=train", "data.val_fraction=0.1", "data.regenerate.enabled=true",
                 f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
-                "data.max_seq_len=512", f"cache.root={self.out / 'cache'}"]
+                "data.max_seq_len=512", f"cache.root={a.cache_root.resolve() if a.cache_root else self.out / 'cache'}"]
 
     def train(self, name: str, quant: str, run_dir: Path, *extra: str) -> None:
         a = self.args
@@ -61,7 +61,7 @@ class Experiment:
                 f"trainer.max_steps={a.steps}", f"trainer.save_every={min(a.save_every, a.steps)}",
                 "trainer.val_data=heldout", f"trainer.val_samples={a.val_samples or a.eval_prompts}",
                 f"trainer.val_batches={a.val_samples or a.eval_prompts}", f"eval.k=[{a.k}]", f"eval.max_new_tokens={a.eval_tokens}",
-                f"run_dir={run_dir}", *extra]
+                f"seed={a.seed}", f"run_dir={run_dir}", *extra]
         self.timed(name, args, run_dir / "checkpoints" / "final")
 
     def draft_dirs(self, quant: str) -> list[tuple[str, Path]]:
@@ -250,6 +250,9 @@ def main() -> None:
     p.add_argument("--k", default="3,4,5")
     p.add_argument("--batch-sizes", default="1,16")
     p.add_argument("--latency-k", default="3,4,5", help="k values timed at the smallest batch size ('' for none)")
+    p.add_argument("--seed", type=int, default=0, help="every training's seed (init, data order, prior sampling); "
+                   "a replicate under another seed can reuse the caches (--cache-root): they do not depend on it")
+    p.add_argument("--cache-root", type=Path, default=None, help="default: <out-dir>/cache")
     p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
     p.add_argument("--sharegpt", type=Path, default=SHARED / "sharegpt_sample" / "conversations.json")
     args = p.parse_args()
