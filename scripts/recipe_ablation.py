@@ -41,9 +41,9 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS))
     args = p.parse_args()
     sweep = Sweep(args, "walls-ablation.json")
-    rows = {}
+    rows, overrides = {}, {}
     for name in args.variants.split(","):
-        extra = tuple(o.format(steps2=2 * args.steps) for o in VARIANTS[name])
+        extra = overrides[name] = tuple(o.format(steps2=2 * args.steps) for o in VARIANTS[name])
         run = sweep.train(args.vocab, sweep.out / f"ablation-{name}", extra)
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         rows[name] = [m for m in metrics if m["split"] == "val"][-1]
@@ -52,7 +52,7 @@ def main() -> None:
     table = []
     for name, val in rows.items():
         per = val[f"replay_per_prompt_k{k}"]
-        row = {"variant": name, "overrides": list(VARIANTS[name]), "rate": val[f"replay_accept_rate_k{k}"],
+        row = {"variant": name, "overrides": list(overrides[name]), "rate": val[f"replay_accept_rate_k{k}"],
                "rate_ci": confidence(per, args.seed)["acceptance_rate_ci"], "length": val[f"replay_accept_len_k{k}"]}
         if ref is not None and name != "reference":
             row["vs_reference"] = paired_difference(ref, per, args.seed)
