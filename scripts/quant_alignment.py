@@ -46,7 +46,9 @@ class Experiment:
         a = self.args
         sources = [f"{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.gsm8k_samples}}}"]
         if a.sharegpt_samples:
-            sources.append(f"{{name: sharegpt, path: '{a.sharegpt}', num_samples: {a.sharegpt_samples}, max_turns: 2}}")
+            sources.append(f"{{name: sharegpt, path: '{a.sharegpt}', num_samples: {a.sharegpt_samples}, "
+                           f"max_turns: {a.sharegpt_max_turns}, "
+                           f"val_fraction: {a.sharegpt_val_fraction}}}")
         mix = f"data.mix=[{','.join(sources)}]"
         return ["data=mix", mix, "data.split=train", "data.val_fraction=0.1", "data.regenerate.enabled=true",
                 f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
@@ -80,13 +82,14 @@ class Experiment:
                 time.sleep(60)
         largest = a.batch_sizes.split(",")[-1]
         sets = {"gsm8k": a.gsm8k, "sharegpt": a.sharegpt}
-        runs = [(data, sets[data], a.k, largest) for data in a.eval_sets.split(",")]
+        fractions = {"gsm8k": 0.1, "sharegpt": a.sharegpt_val_fraction}
+        runs = [(data, sets[data], a.k, largest, a.eval_prompts) for data in a.eval_sets.split(",") if data]
         if a.latency_k:
-            runs.append(("gsm8k", a.gsm8k, a.latency_k, a.batch_sizes.split(",")[0]))
-        for data, path, ks, batch in runs:
+            runs.append(("gsm8k", a.gsm8k, a.latency_k, a.batch_sizes.split(",")[0], a.latency_prompts or a.eval_prompts))
+        for data, path, ks, batch, prompts in runs:
             out = self.out / f"eval-{quant}-{data}-b{batch}"
             args = ["eval", "model=smollm2_135m", f"quant={quant}", f"data={data}", f"data.path={path}",
-                    "data.split=validation", "data.val_fraction=0.1", f"eval.num_prompts={a.eval_prompts}",
+                    "data.split=validation", f"data.val_fraction={fractions[data]}", f"eval.num_prompts={prompts}",
                     f"eval.max_new_tokens={a.eval_tokens}", f"eval.k=[{ks}]", f"eval.batch_sizes=[{batch}]",
                     f"eval.drafts=[{','.join(str(p) for _, p in drafts)}]",
                     f"eval.labels=[{','.join(label for label, _ in drafts)}]",
@@ -233,6 +236,11 @@ def main() -> None:
     p.add_argument("--qat-quants", default="mxfp4,fp8", help="quants whose eval includes the draft-QAT variant")
     p.add_argument("--gsm8k-samples", type=int, default=160)
     p.add_argument("--sharegpt-samples", type=int, default=64)
+    p.add_argument("--sharegpt-max-turns", type=int, default=2,
+                   help="messages a ShareGPT training conversation may hold (a filter: the sample has "
+                        "167 of 2, 166 of 4, 167 of 6 messages)")
+    p.add_argument("--sharegpt-val-fraction", type=float, default=0.1,
+                   help="the ShareGPT sample's held-out share (500 conversations: 0.3 holds out ~150)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--ttt-steps", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -242,7 +250,11 @@ def main() -> None:
     p.add_argument("--regen-batch", type=int, default=16, help="data.regenerate.batch_size (part of the cache key)")
     p.add_argument("--no-eval-alone", dest="eval_alone", action="store_false",
                    help="skip the target-alone rows (acceptance only: no latency comparison)")
-    p.add_argument("--eval-sets", default="gsm8k,sharegpt", help="held-out prompt sets evaluated")
+    p.add_argument("--eval-sets", default="gsm8k,sharegpt",
+                   help="held-out prompt sets whose acceptance is evaluated at the largest batch ('' for none)")
+    p.add_argument("--latency-prompts", type=int, default=0,
+                   help="held-out GSM8K prompts the smallest-batch latency eval decodes (0: --eval-prompts); "
+                        "latency is a ratio of drafts timed side by side, acceptance CIs come from the larger run")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--vocab-fill", default="seen", help="seen | prior (draft.vocab_fill)")
     p.add_argument("--save-every", type=int, default=25, help="training steps between checkpoints (a resume point)")
