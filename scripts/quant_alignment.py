@@ -33,6 +33,7 @@ from steps import Steps
 from specft.eval.report import verdict
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+GSM8K_VAL_FRACTION = 0.1  # GSM8K's held-out share: training's split and eval's prompts alike
 
 
 class Experiment:
@@ -50,7 +51,7 @@ class Experiment:
                            f"max_turns: {a.sharegpt_max_turns}, "
                            f"val_fraction: {a.sharegpt_val_fraction}}}")
         mix = f"data.mix=[{','.join(sources)}]"
-        return ["data=mix", mix, "data.split=train", "data.val_fraction=0.1", "data.regenerate.enabled=true",
+        return ["data=mix", mix, "data.split=train", f"data.val_fraction={GSM8K_VAL_FRACTION}", "data.regenerate.enabled=true",
                 f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
                 "data.max_seq_len=512", f"cache.root={a.cache_root.resolve() if a.cache_root else self.out / 'cache'}"]
 
@@ -81,15 +82,15 @@ class Experiment:
                 print(f"[wait] for {label} at {path}", flush=True)
                 time.sleep(60)
         largest = a.batch_sizes.split(",")[-1]
-        sets = {"gsm8k": a.gsm8k, "sharegpt": a.sharegpt}
-        fractions = {"gsm8k": 0.1, "sharegpt": a.sharegpt_val_fraction}
-        runs = [(data, sets[data], a.k, largest, a.eval_prompts) for data in a.eval_sets.split(",") if data]
+        heldout = {"gsm8k": (a.gsm8k, GSM8K_VAL_FRACTION), "sharegpt": (a.sharegpt, a.sharegpt_val_fraction)}
+        runs = [(data, a.k, largest, a.eval_prompts) for data in a.eval_sets.split(",") if data]
         if a.latency_k:
-            runs.append(("gsm8k", a.gsm8k, a.latency_k, a.batch_sizes.split(",")[0], a.latency_prompts or a.eval_prompts))
-        for data, path, ks, batch, prompts in runs:
+            runs.append(("gsm8k", a.latency_k, a.batch_sizes.split(",")[0], a.latency_prompts or a.eval_prompts))
+        for data, ks, batch, prompts in runs:
+            path, fraction = heldout[data]
             out = self.out / f"eval-{quant}-{data}-b{batch}"
             args = ["eval", "model=smollm2_135m", f"quant={quant}", f"data={data}", f"data.path={path}",
-                    "data.split=validation", f"data.val_fraction={fractions[data]}", f"eval.num_prompts={prompts}",
+                    "data.split=validation", f"data.val_fraction={fraction}", f"eval.num_prompts={prompts}",
                     f"eval.max_new_tokens={a.eval_tokens}", f"eval.k=[{ks}]", f"eval.batch_sizes=[{batch}]",
                     f"eval.drafts=[{','.join(str(p) for _, p in drafts)}]",
                     f"eval.labels=[{','.join(label for label, _ in drafts)}]",

@@ -38,5 +38,10 @@ class Steps:
             print(f"[skip] {name}: {done} exists", flush=True)
             return
         print(f"[run] {name}", flush=True)
-        self.walls[name] = specft(args, self.log)
+        wall = specft(args, self.log)
+        # Re-read before writing: two processes running the same parts (e.g. one eval set
+        # each) share this file, and neither may drop the other's steps.
+        if self.walls_path.exists():
+            self.walls = json.loads(self.walls_path.read_text())
+        self.walls[name] = wall
         self.walls_path.write_text(json.dumps(self.walls, indent=2))
