@@ -27,15 +27,17 @@ SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 class Sweep:
     def __init__(self, args: argparse.Namespace, walls_name: str = "walls.json"):
+        if args.sharegpt_samples and not args.mix:
+            raise SystemExit("--sharegpt-samples needs --mix (a GSM8K + ShareGPT mix)")
         self.args, self.out = args, args.out_dir.resolve()
         self.steps = Steps(self.out, walls_name)
         self.cache_root = args.cache_root.resolve() if args.cache_root else self.out / "cache"
 
     def common(self) -> list[str]:
         a = self.args
-        # --mix names the data as scripts/quant_alignment.py does (a one-source mix), so the
-        # caches it built for the same samples are reused (the data config keys the cache).
-        data = ["data=mix", f"data.mix=[{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.samples}}}]"] if a.mix \
+        # --mix names the data as scripts/quant_alignment.py does, so the caches it built for
+        # the same samples are reused (the data config keys the cache).
+        data = ["data=mix", f"data.mix=[{','.join(mix_members(a))}]"] if a.mix \
             else ["data=gsm8k", f"data.path={a.gsm8k}", f"data.num_samples={a.samples}"]
         return ["model=smollm2_135m", f"quant={a.quant}", *data, "data.split=train", "data.val_fraction=0.1",
                 "data.regenerate.enabled=true", f"data.regenerate.max_new_tokens={a.max_new_tokens}",
@@ -113,6 +115,16 @@ class Sweep:
                 "b1_target_alone_ms_per_token": alone["latency_ms_per_token"]}
 
 
+def mix_members(a: argparse.Namespace) -> list[str]:
+    """GSM8K train, and with --sharegpt-samples the ShareGPT sample's train side: the
+    members exactly as scripts/quant_alignment.py writes them."""
+    members = [f"{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.samples}}}"]
+    if a.sharegpt_samples:
+        members.append(f"{{name: sharegpt, path: '{a.sharegpt}', num_samples: {a.sharegpt_samples}, "
+                       f"max_turns: {a.sharegpt_max_turns}, val_fraction: {a.sharegpt_val_fraction}}}")
+    return members
+
+
 def _heldout_counts(cache_root: Path):
     """Token counts of the held-out cache's answers (the one built from split=validation)."""
     from safetensors.torch import load_file
@@ -162,6 +174,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
     p.add_argument("--mix", action="store_true", help="name the data as quant_alignment.py does, to share its caches")
+    p.add_argument("--sharegpt-samples", type=int, default=0,
+                   help="with --mix: ShareGPT train conversations too (validation then scores each set)")
+    p.add_argument("--sharegpt-max-turns", type=int, default=4)
+    p.add_argument("--sharegpt-val-fraction", type=float, default=0.3)
+    p.add_argument("--sharegpt", type=Path, default=SHARED / "sharegpt_sample" / "conversations.json")
     p.add_argument("--cache-root", type=Path, default=None, help="default: <out-dir>/cache")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specft.cache import ensure_cache
 from specft.config import RootConfig
-from specft.data.select import heldout_side
+from specft.data.select import heldout_sides
 from specft.quant.config import load_quant_config
 
 log = logging.getLogger(__name__)
@@ -26,21 +26,25 @@ def with_quant(cfg: RootConfig, name: str) -> RootConfig:
     return dataclasses.replace(cfg, quant=load_quant_config(name, "trainer.mix_quant"))
 
 
-def with_heldout_data(cfg: RootConfig) -> RootConfig:
-    """The same run on the data's validation side, answers written by the target."""
-    return dataclasses.replace(cfg, data=heldout_side(cfg.data, cfg.trainer.val_samples))
+def with_heldout_data(cfg: RootConfig) -> dict[str, RootConfig]:
+    """The same run on each source's validation side, answers written by the target."""
+    return {source: dataclasses.replace(cfg, data=side)
+            for source, side in heldout_sides(cfg.data, cfg.trainer.val_samples).items()}
 
 
 def run_job(cfg: RootConfig, command: str, rank: int, world: int) -> Path:
     cache_dir = ensure_cache(cfg, rank, world, verify=command == "cache")
     if command == "cache":
         return cache_dir
-    mix_dir = val_dir = None
+    mix_dir, val_dirs = None, None
     if cfg.trainer.mix_quant is not None:
         mix_dir = ensure_cache(with_quant(cfg, cfg.trainer.mix_quant), rank, world)
     if cfg.trainer.val_data == "heldout":
-        log.info("validation cache: %d held-out conversations, answers by the target", cfg.trainer.val_samples)
-        val_dir = ensure_cache(with_heldout_data(cfg), rank, world)
+        val_dirs = {}
+        for source, side in with_heldout_data(cfg).items():
+            log.info("validation cache (%s): up to %d held-out conversations, answers by the target",
+                     source, cfg.trainer.val_samples)
+            val_dirs[source] = ensure_cache(side, rank, world)
     from specft.train.trainer import Trainer  # DeepSpeed and the heads load only to train
 
-    return Trainer(cfg, cache_dir, rank, world, mix_dir, val_dir).train()
+    return Trainer(cfg, cache_dir, rank, world, mix_dir, val_dirs).train()

@@ -322,3 +322,30 @@ def test_heldout_validation_replays_decoding_on_target_answers(tmp_path):
         assert abs(val[f"replay_accept_rate_k{r['k']}"] - r["acceptance_rate"]) <= 0.1, (r["k"], val)
     bad = run_cli(["train", "model=tiny_qwen3", "trainer.val_data=heldout"], cwd=tmp_path, check=False)
     assert bad.returncode == 2 and "set data.split=train" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_heldout_validation_of_a_mix_scores_each_source(tmp_path):
+    """A mix validates on one held-out cache per source: the record scores every prompt
+    set apart (`<source>/replay_*`) and together, and the log line names each."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i + 3}?", "response": "x"}) + "\n" for i in range(40)))
+    b.write_text("".join(json.dumps({"prompt": f"Name a colour, {i}.", "response": "y"}) + "\n" for i in range(40)))
+    mix = f"data.mix=[{{name: jsonl, path: '{a}'}},{{name: jsonl, path: '{b}', val_fraction: 0.3}}]"
+    proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "data=mix", mix, "data.split=train",
+                    "data.val_fraction=0.2", "eval.k=[2]", "eval.max_new_tokens=8",
+                    "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=8",
+                    "data.regenerate.batch_size=4", "cache.dtype=fp32", "trainer.max_steps=4",
+                    "draft.ttt_steps=2", "trainer.val_data=heldout", "trainer.val_samples=3",
+                    "trainer.val_batches=8", "trainer.micro_batch_size=2", "run_dir=run"], cwd=tmp_path)
+    assert re.search(r"k=2 acceptance [\d.]+ \(length [\d.]+; jsonl_0 [\d.]+; jsonl_1 [\d.]+\)", proc.stderr), \
+        proc.stderr[-2000:]
+    val = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    apart = [val[f"jsonl_{i}/replay_per_prompt_k2"] for i in (0, 1)]
+    assert [len(rows) for rows in apart] == [3, 3]
+    assert sorted(apart[0] + apart[1]) == sorted(val["replay_per_prompt_k2"])
+    for i, rows in enumerate(apart):
+        accepted, proposed = sum(r[2] for r in rows), sum(r[1] for r in rows)
+        assert val[f"jsonl_{i}/replay_accept_rate_k2"] == pytest.approx(accepted / proposed)
+    splits = sorted(json.loads((d / "manifest.json").read_text())["provenance"]["data"]["split"]
+                    for d in (tmp_path / "cache").iterdir())
+    assert splits == ["train", "validation", "validation"]

@@ -237,3 +237,34 @@ def test_mix_selects_each_source_on_its_own(tok, tmp_path):
         root_cfg("data=mix", "data.mix=[{name: gsm8k}]")
     with pytest.raises(ConfigError, match="needs data.mix"):
         root_cfg("data=mix")
+
+
+def test_heldout_sides_give_each_source_its_own_validation_side(tmp_path):
+    from specft.data.select import heldout_sides
+
+    from helpers import root_cfg
+
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"q{i}?", "answer": f"a{i}."}) + "\n" for i in range(40)))
+    share = [{"conversations": [{"from": "human", "value": f"hi {i}"}, {"from": "gpt", "value": "hello"}]}
+             for i in range(30)]
+    (tmp_path / "sg.json").write_text(json.dumps(share))
+    members = [f"{{name: gsm8k, path: '{gsm}', num_samples: 12}}",
+               f"{{name: sharegpt, path: '{tmp_path / 'sg.json'}', num_samples: 5, val_fraction: 0.5}}"]
+    cfg = root_cfg("data=mix", f"data.mix=[{','.join(members)}]", "data.split=train", "data.val_fraction=0.2")
+    sides = heldout_sides(cfg.data, 3)
+    assert list(sides) == ["gsm8k", "sharegpt"]
+    for source, side in sides.items():
+        (member,) = side.mix  # one cache per source
+        assert member["name"] == source and member["split"] == "validation" and member["num_samples"] == 3
+        assert side.split == "validation" and side.regenerate.enabled
+        train_prompts = {c[0]["content"] for c in load_conversations(
+            root_cfg("data=mix", f"data.mix=[{members[list(sides).index(source)]}]", "data.split=train",
+                     "data.val_fraction=0.2").data)}
+        held = load_conversations(side)
+        assert len(held) == 3 and not {c[0]["content"] for c in held} & train_prompts
+    assert sides["sharegpt"].mix[0]["val_fraction"] == 0.5  # a member's own share is kept
+    twice = root_cfg("data=mix", f"data.mix=[{members[0]},{members[0]}]", "data.split=train").data
+    assert list(heldout_sides(twice, 3)) == ["gsm8k_0", "gsm8k_1"]
+    single = root_cfg("data=gsm8k", f"data.path={gsm}", "data.split=train").data
+    assert list(heldout_sides(single, 3)) == ["gsm8k"] and heldout_sides(single, 3)["gsm8k"].num_samples == 3

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specft.cache.integrity import drop_damaged
 from specft.cache.manifest import atomic_write_json
-from specft.cache.reader import CacheReader
+from specft.cache.reader import CacheReader, SourcesReader
 from specft.cache.writer import (
     CacheWriter,
     build_provenance,
@@ -91,4 +91,4 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
     return cache_dir
 
 
-__all__ = ["CacheReader", "CacheWriter", "ensure_cache", "locate_cache"]
+__all__ = ["CacheReader", "CacheWriter", "SourcesReader", "ensure_cache", "locate_cache"]

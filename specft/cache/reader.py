@@ -93,3 +93,24 @@ class CacheReader:
 
     def token_counts(self) -> torch.Tensor:
         return load_file(str(self.cache_dir / TOKEN_COUNTS))["counts"]
+
+
+class SourcesReader:
+    """Several caches read as one, each named by its source (the held-out caches of a
+    mix, one per member): index i runs through the first cache, then the next."""
+
+    def __init__(self, cache_dirs: dict[str, str | Path]):
+        if not cache_dirs:
+            raise SpecftError("cache: no caches to read")
+        self.readers = {source: CacheReader(d) for source, d in cache_dirs.items()}
+        self.sources = [source for source, reader in self.readers.items() for _ in range(len(reader))]
+        self._local = [i for reader in self.readers.values() for i in range(len(reader))]
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.readers[self.sources[i]][self._local[i]]
+
+    def token_counts(self) -> torch.Tensor:
+        return sum(reader.token_counts() for reader in self.readers.values())

@@ -65,3 +65,17 @@ def heldout_side(cfg: DataConfig, num_samples: int) -> DataConfig:
     mix = [{**member, "num_samples": num_samples, "split": "validation"} for member in cfg.mix]
     return dataclasses.replace(cfg, split="validation", num_samples=num_samples, mix=mix,
                                regenerate=dataclasses.replace(cfg.regenerate, enabled=True))
+
+
+def heldout_sides(cfg: DataConfig, num_samples: int) -> dict[str, DataConfig]:
+    """heldout_side per source, by source name (a mix member's name, numbered when two
+    members share one): each gets a cache of its own, so validation scores every prompt
+    set apart as well as together."""
+    import dataclasses
+
+    if not cfg.mix:
+        return {cfg.name: heldout_side(cfg, num_samples)}
+    names = [member.get("name", "mix") for member in cfg.mix]
+    labels = [name if names.count(name) == 1 else f"{name}_{i}" for i, name in enumerate(names)]
+    return {label: heldout_side(dataclasses.replace(cfg, mix=[member]), num_samples)
+            for label, member in zip(labels, cfg.mix)}

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from specft.cache import CacheReader
+from specft.cache import CacheReader, SourcesReader
 from specft.config import RootConfig
 from specft.decoding.engine import RoundCounts
 from specft.drafts import DRAFT_ARCHS, DraftHeadConfig, build_draft_vocab
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 CONSOLE_EVERY = 10  # steps between console lines; metrics.jsonl gets every log_every
 
 
-def draft_vocab(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | None = None):
+def draft_vocab(cfg: RootConfig, reader: CacheReader, heldout: SourcesReader | None = None):
     """The draft vocabulary from the training answers' token counts (and the target's
     prior for free slots, draft.vocab_fill=prior); coverage logged, held-out too."""
     counts = reader.token_counts()
@@ -57,7 +57,7 @@ def draft_vocab(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | Non
     return vocab
 
 
-def build_draft(cfg: RootConfig, reader: CacheReader, heldout: CacheReader | None = None):
+def build_draft(cfg: RootConfig, reader: CacheReader, heldout: SourcesReader | None = None):
     target = reader.manifest["target"]
     vocab = draft_vocab(cfg, reader, heldout)
     qk_norm = cfg.draft.qk_norm if cfg.draft.qk_norm is not None else target["family"].startswith("qwen3")
@@ -132,6 +132,18 @@ def _mean_across_ranks(values: list[float], world_size: int) -> list[float]:
     return (t / world_size).tolist()
 
 
+def _replay_record(per_prompt: list[list[int]], k: int, seed: int, prefix: str = "") -> dict:
+    """Replayed acceptance at k from per-prompt [rounds, proposed, accepted], with the same
+    bootstrap CI over prompts as specft eval's; keys start with ``prefix``."""
+    total = RoundCounts(*(sum(col) for col in zip(*per_prompt))) if per_prompt else RoundCounts()
+    record = {f"{prefix}replay_accept_rate_k{k}": total.acceptance_rate,
+              f"{prefix}replay_accept_len_k{k}": total.acceptance_length,
+              f"{prefix}replay_per_prompt_k{k}": per_prompt}
+    if per_prompt:
+        record[f"{prefix}replay_accept_rate_ci_k{k}"] = confidence(per_prompt, seed)["acceptance_rate_ci"]
+    return record
+
+
 def _gather_lists(values: list, world_size: int) -> list:
     """Every rank's list, concatenated in rank order."""
     if world_size == 1:
@@ -150,16 +162,21 @@ def _sum_across_ranks(value: int, world_size: int) -> int:
 
 
 def _replay_line(val: dict) -> str:
-    """'; replayed decoding: k=3 acceptance 0.312 (length 1.94), ...' from a val record."""
+    """'; replayed decoding: k=3 acceptance 0.312 (length 1.94; gsm8k 0.298; sharegpt
+    0.331), ...' from a val record (per source when validation read several)."""
     ks = [int(key.rsplit("k", 1)[1]) for key in val if key.startswith("replay_accept_rate_k")]
-    parts = [f"k={k} acceptance {val[f'replay_accept_rate_k{k}']:.3f} (length "
-             f"{val[f'replay_accept_len_k{k}']:.2f})" for k in ks]
+    parts = []
+    for k in ks:
+        by_source = [f"{key.split('/')[0]} {rate:.3f}" for key, rate in val.items()
+                     if key.endswith(f"/replay_accept_rate_k{k}")]
+        parts.append(f"k={k} acceptance {val[f'replay_accept_rate_k{k}']:.3f} (length "
+                     f"{val[f'replay_accept_len_k{k}']:.2f}{''.join('; ' + b for b in by_source)})")
     return "; replayed decoding: " + ", ".join(parts) if parts else ""
 
 
 class Trainer:
     def __init__(self, cfg: RootConfig, cache_dir: Path, rank: int = 0, world_size: int = 1,
-                 mix_cache_dir: Path | None = None, val_cache_dir: Path | None = None):
+                 mix_cache_dir: Path | None = None, val_cache_dirs: dict[str, Path] | None = None):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -173,13 +190,13 @@ class Trainer:
         # that matters for training.
         torch.set_flush_denormal(True)
         torch.manual_seed(cfg.seed)
-        self.val_reader = self.reader
-        if val_cache_dir is not None:  # trainer.val_data=heldout: every cached sample trains
-            self.val_reader = CacheReader(val_cache_dir)
+        self.val_reader, heldout = self.reader, None
+        if val_cache_dirs:  # trainer.val_data=heldout: every cached sample trains
+            self.val_reader = heldout = SourcesReader(val_cache_dirs)
             self.train_idx, self.val_idx = list(range(len(self.reader))), list(range(len(self.val_reader)))
         else:
             self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
-        draft, draft_rows = build_draft(cfg, self.reader, self.val_reader if val_cache_dir is not None else None)
+        draft, draft_rows = build_draft(cfg, self.reader, heldout)
         # Stored dtype: target_view computes chunks in fp32.
         self.head = load_target_head(self.reader, cfg.trainer.target_head, draft_rows, rank, world_size)
         if rank == 0:
@@ -322,24 +339,32 @@ class Trainer:
         self.engine.eval()
         results, tokens = [], 0
         replays: dict[int, list[RoundCounts]] = {k: [] for k in self.replay_k}  # per sample
+        sources: list[str] = []  # each replayed sample's source
         for i in range(rounds):
-            res, n = self._forward(mine[min(i, len(mine) - 1)])
+            indices = mine[min(i, len(mine) - 1)]
+            res, n = self._forward(indices)
             if i < len(mine):
                 results.append(res)
                 tokens += n
                 self._replay(res, replays)
+                sources += [self._val_source(j) for j in indices]
         self.engine.train()
         record = self._record(results, step, tokens, "val")
         for k, samples in replays.items():
-            per_prompt = _gather_lists([[c.rounds, c.proposed, c.accepted] for c in samples], self.world_size)
-            total = RoundCounts(*(sum(col) for col in zip(*per_prompt))) if per_prompt else RoundCounts()
-            record[f"replay_accept_rate_k{k}"] = total.acceptance_rate
-            record[f"replay_accept_len_k{k}"] = total.acceptance_length
-            if per_prompt:  # the same bootstrap over prompts as specft eval's
-                ci = confidence(per_prompt, self.cfg.seed)
-                record[f"replay_accept_rate_ci_k{k}"] = ci["acceptance_rate_ci"]
-            record[f"replay_per_prompt_k{k}"] = per_prompt
+            rows = _gather_lists([[c.rounds, c.proposed, c.accepted, source]
+                                  for c, source in zip(samples, sources)], self.world_size)
+            record.update(_replay_record([row[:3] for row in rows], k, self.cfg.seed))
+            by_source = {row[3]: [] for row in rows}
+            for row in rows:
+                by_source[row[3]].append(row[:3])
+            if len(by_source) > 1:  # a mix's held-out caches: each prompt set scored apart too
+                for source, per_prompt in by_source.items():
+                    record.update(_replay_record(per_prompt, k, self.cfg.seed, prefix=f"{source}/"))
         return record
+
+    def _val_source(self, index: int) -> str:
+        """The source of validation sample ``index`` (one name for a split of the training cache)."""
+        return self.val_reader.sources[index] if isinstance(self.val_reader, SourcesReader) else "train_split"
 
     def _replay(self, res: StepResult, replays: dict[int, list[RoundCounts]]) -> None:
         """Greedy decoding replayed on each sample at every k (train/replay.py)."""
