@@ -112,3 +112,38 @@ def test_the_head_sees_a_contiguous_last_position():
         handle.remove()
     assert seen == [True, True]
     torch.testing.assert_close(last[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_compacting_holes_keeps_every_logit_and_bounds_the_cache(monkeypatch):
+    """Rows that keep different numbers of verified columns leave holes; when the next
+    forward would not fit, the runner moves each row's kept columns together instead of
+    growing the buffer. Logits match a runner that never compacts (float64), and the
+    compacting one ends with fewer columns and a smaller buffer."""
+    from specft.decoding.target import TargetRunner
+
+    m, _, _ = _model()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, m.config.vocab_size, (3, 6), generator=g)
+    valid = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1], [0] * 5 + [1]])  # left padding: holes too
+    runners = {"compacts": TargetRunner(m, [1]), "never": TargetRunner(m, [1])}
+    never = runners["never"]
+    monkeypatch.setattr(never, "_compact", lambda: None)
+    for r in runners.values():
+        r.reset(3, "cpu", room=5)
+        r.forward(prompt, valid)
+        r.commit(valid.sum(-1))
+    for round_ in range(12):
+        fed = torch.randint(0, m.config.vocab_size, (3, 4), generator=g)
+        steps = {name: r.forward(fed) for name, r in runners.items()}
+        assert torch.allclose(steps["compacts"].logits, steps["never"].logits, rtol=1e-10, atol=1e-10), round_
+        assert torch.allclose(steps["compacts"].aux, steps["never"].aux, rtol=1e-10, atol=1e-10)
+        keep = torch.randint(1, 5, (3,), generator=g)
+        keep[round_ % 3] = 1  # some row always rejects: holes no crop removes
+        for r in runners.values():
+            r.commit(keep)
+    compacts = runners["compacts"]
+    assert torch.equal(compacts.next_pos, never.next_pos)
+    assert torch.equal(compacts.mask.sum(-1), never.mask.sum(-1))
+    assert compacts.mask.shape[1] < never.mask.shape[1]
+    assert compacts.kv_bytes() < never.kv_bytes()

@@ -92,6 +92,21 @@ class InPlaceLayer(DynamicLayer):
     def allocated_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self._keys, self._values) if t is not None)
 
+    def free_columns(self) -> int:
+        return self._keys.shape[-2] - self.length if self._keys is not None else 0
+
+    def gather_columns(self, index: torch.Tensor) -> None:
+        """Make row b's first ``index.shape[1]`` columns its columns ``index[b]``, in that
+        order (a compaction: the rest of the buffer becomes room again)."""
+        if self._keys is None:
+            return
+        n = index.shape[1]
+        for buf in (self._keys, self._values):
+            idx = index[:, None, :, None].expand(buf.shape[0], buf.shape[1], n, buf.shape[-1])
+            buf[..., :n, :] = buf.gather(-2, idx)  # gather copies first, so overlap is safe
+        self.length = n
+        self._expose()
+
 
 class InPlaceCache(Cache):
     """A Cache of InPlaceLayer, one added per layer index as the model first writes it
@@ -104,3 +119,11 @@ class InPlaceCache(Cache):
     def allocated_bytes(self) -> int:
         """What the buffers hold in memory (filled or not): the KV cache's real footprint."""
         return sum(layer.allocated_bytes() for layer in self.layers if isinstance(layer, InPlaceLayer))
+
+    def free_columns(self) -> int:
+        """Columns every layer can still write without growing its buffer."""
+        return min((layer.free_columns() for layer in self.layers if isinstance(layer, InPlaceLayer)), default=0)
+
+    def gather_columns(self, index: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.gather_columns(index)

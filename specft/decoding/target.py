@@ -4,7 +4,11 @@ whose rows may hold different numbers of valid tokens.
 Every forward appends the same number of columns to every row; after verification each
 row marks which of them it keeps. Rejected columns stay in the cache as holes, masked out
 by the 2D attention mask, and RoPE positions count only kept tokens, so each row computes
-what it would alone. Columns rejected by every row are cropped from the end at once.
+what it would alone. Columns rejected by every row are cropped from the end at once. When
+the next forward would not fit in the buffers and holes would make room, each row's kept
+columns are moved together first (keys carry their RoPE positions, so attention reads the
+same values): at batch 16 the holes would otherwise grow the cache by half again and
+again, for columns no row reads.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class TargetRunner:
         ``last_logits_only``: logits [B, 1, V] of the last column (a prefill needs no more;
         the head over every prompt position is most of a prefill's work)."""
         valid = torch.ones_like(tokens) if valid is None else valid.long()
+        if not self.pending.shape[1] and self.cache.free_columns() < tokens.shape[1]:
+            self._compact()
         start = self.next_pos + self.pending.sum(-1)
         positions = start[:, None] + (valid.cumsum(-1) - 1).clamp(min=0)
         self.pending = torch.cat([self.pending, valid], dim=1)
@@ -70,6 +76,16 @@ class TargetRunner:
         if trailing:
             self.cache.crop(-trailing)  # a negative count removes that many from the end
             self.mask = self.mask[:, : self.mask.shape[1] - trailing]
+
+    def _compact(self) -> None:
+        """Right-align each row's kept columns in the first max-kept columns; the holes
+        before them stay masked (a stable sort keeps the kept columns in order)."""
+        n = int(self.mask.sum(-1).max()) if self.mask.numel() else 0
+        if n >= self.mask.shape[1]:
+            return  # no column every row could give up
+        order = torch.sort(self.mask, dim=-1, stable=True)
+        self.cache.gather_columns(order.indices[:, -n:] if n else order.indices[:, :0])
+        self.mask = order.values[:, self.mask.shape[1] - n:]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
