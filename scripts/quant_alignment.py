@@ -28,12 +28,11 @@ import json
 import time
 from pathlib import Path
 
-from steps import Steps
+from steps import GSM8K_VAL_FRACTION, Steps, gsm8k_sharegpt_mix
 
 from specft.eval.report import verdict
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-GSM8K_VAL_FRACTION = 0.1  # GSM8K's held-out share: training's split and eval's prompts alike
 
 
 class Experiment:
@@ -45,12 +44,8 @@ class Experiment:
 
     def train_data(self) -> list[str]:
         a = self.args
-        sources = [f"{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.gsm8k_samples}}}"]
-        if a.sharegpt_samples:
-            sources.append(f"{{name: sharegpt, path: '{a.sharegpt}', num_samples: {a.sharegpt_samples}, "
-                           f"max_turns: {a.sharegpt_max_turns}, "
-                           f"val_fraction: {a.sharegpt_val_fraction}}}")
-        mix = f"data.mix=[{','.join(sources)}]"
+        mix = gsm8k_sharegpt_mix(a.gsm8k, a.gsm8k_samples, a.sharegpt, a.sharegpt_samples,
+                                 a.sharegpt_max_turns, a.sharegpt_val_fraction)
         return ["data=mix", mix, "data.split=train", f"data.val_fraction={GSM8K_VAL_FRACTION}", "data.regenerate.enabled=true",
                 f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
                 "data.max_seq_len=512", f"cache.root={a.cache_root.resolve() if a.cache_root else self.out / 'cache'}"]

@@ -9,6 +9,20 @@ import sys
 import time
 from pathlib import Path
 
+GSM8K_VAL_FRACTION = 0.1  # GSM8K's held-out share: training's split and eval's prompts alike
+
+
+def gsm8k_sharegpt_mix(gsm8k: Path, gsm8k_samples: int, sharegpt: Path, sharegpt_samples: int,
+                       max_turns: int, val_fraction: float) -> str:
+    """The `data.mix` override of GSM8K train (and the ShareGPT sample's train side when
+    sharegpt_samples > 0), written one way for every script: the data config keys the
+    cache, so scripts reuse each other's caches only when they name the data alike."""
+    members = [f"{{name: gsm8k, path: '{gsm8k}', num_samples: {gsm8k_samples}}}"]
+    if sharegpt_samples:
+        members.append(f"{{name: sharegpt, path: '{sharegpt}', num_samples: {sharegpt_samples}, "
+                       f"max_turns: {max_turns}, val_fraction: {val_fraction}}}")
+    return f"data.mix=[{','.join(members)}]"
+
 
 def specft(args: list[str], log: Path) -> float:
     """Run `specft ARGS` (output appended to ``log``); its wall time in seconds."""

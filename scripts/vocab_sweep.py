@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from steps import Steps
+from steps import GSM8K_VAL_FRACTION, Steps, gsm8k_sharegpt_mix
 
 from specft.eval.report import verdict
 
@@ -37,9 +37,10 @@ class Sweep:
         a = self.args
         # --mix names the data as scripts/quant_alignment.py does, so the caches it built for
         # the same samples are reused (the data config keys the cache).
-        data = ["data=mix", f"data.mix=[{','.join(mix_members(a))}]"] if a.mix \
+        data = ["data=mix", gsm8k_sharegpt_mix(a.gsm8k, a.samples, a.sharegpt, a.sharegpt_samples,
+                                               a.sharegpt_max_turns, a.sharegpt_val_fraction)] if a.mix \
             else ["data=gsm8k", f"data.path={a.gsm8k}", f"data.num_samples={a.samples}"]
-        return ["model=smollm2_135m", f"quant={a.quant}", *data, "data.split=train", "data.val_fraction=0.1",
+        return ["model=smollm2_135m", f"quant={a.quant}", *data, "data.split=train", f"data.val_fraction={GSM8K_VAL_FRACTION}",
                 "data.regenerate.enabled=true", f"data.regenerate.max_new_tokens={a.max_new_tokens}",
                 f"data.regenerate.batch_size={a.regen_batch}", "data.max_seq_len=512",
                 f"cache.root={self.cache_root}"]
@@ -113,16 +114,6 @@ class Sweep:
                 "b1_ms_per_round": 1000 * lat["decode_s"] / lat["target_forwards"],
                 "b1_ms_per_token": lat["latency_ms_per_token"],
                 "b1_target_alone_ms_per_token": alone["latency_ms_per_token"]}
-
-
-def mix_members(a: argparse.Namespace) -> list[str]:
-    """GSM8K train, and with --sharegpt-samples the ShareGPT sample's train side: the
-    members exactly as scripts/quant_alignment.py writes them."""
-    members = [f"{{name: gsm8k, path: '{a.gsm8k}', num_samples: {a.samples}}}"]
-    if a.sharegpt_samples:
-        members.append(f"{{name: sharegpt, path: '{a.sharegpt}', num_samples: {a.sharegpt_samples}, "
-                       f"max_turns: {a.sharegpt_max_turns}, val_fraction: {a.sharegpt_val_fraction}}}")
-    return members
 
 
 def _heldout_counts(cache_root: Path):

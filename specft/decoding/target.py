@@ -84,8 +84,9 @@ class TargetRunner:
         if n >= self.mask.shape[1]:
             return  # no column every row could give up
         order = torch.sort(self.mask, dim=-1, stable=True)
-        self.cache.gather_columns(order.indices[:, -n:] if n else order.indices[:, :0])
-        self.mask = order.values[:, self.mask.shape[1] - n:]
+        first = self.mask.shape[1] - n
+        self.cache.gather_columns(order.indices[:, first:])
+        self.mask = order.values[:, first:]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
