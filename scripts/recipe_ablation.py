@@ -35,13 +35,14 @@ VARIANTS = {
     "lr_3e-3": ("trainer.lr=3e-3",),
     "lr_3e-4": ("trainer.lr=3e-4",),
     "steps_x2": ("trainer.max_steps={steps2}",),
+    "steps_x4": ("trainer.max_steps={steps4}",),
     "noise_0.05": ("trainer.feature_noise=0.05",),
     "init_target_layer": ("draft.init=target_layer",),
 }
 
 
 def overrides(name: str, steps: int) -> tuple[str, ...]:
-    return tuple(o.format(steps2=2 * steps) for o in VARIANTS[name])
+    return tuple(o.format(steps2=2 * steps, steps4=4 * steps) for o in VARIANTS[name])
 
 
 def last_val(run: Path) -> dict:

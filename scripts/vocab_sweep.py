@@ -153,7 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="seen,4096,16384,32768,49152")
     p.add_argument("--samples", type=int, default=400, help="GSM8K train questions, answers by the target")
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--ttt-steps", type=int, default=5)
+    p.add_argument("--ttt-steps", type=int, default=3, help="TTT steps trained (3: the recipe ablations' best)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--regen-batch", type=int, default=32)
     p.add_argument("--val-prompts", type=int, default=32, help="held-out prompts: validation and eval alike")

@@ -118,7 +118,7 @@ class DraftConfig:
     num_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
-    ttt_steps: int = 7
+    ttt_steps: int = 3  # measured best of 3 / 5 / 7 (docs/results.md, part 4)
     step_weight_decay: float = 0.8  # TTT step k's loss weight: decay ** k ...
     step_weights: list[float] | None = None  # ... unless given explicitly, one per step
     qk_norm: bool | None = None  # null: follow the target family (Qwen3: yes)

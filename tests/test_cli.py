@@ -297,7 +297,8 @@ def test_heldout_validation_replays_decoding_on_target_answers(tmp_path):
     common = ["model=tiny_qwen3", "quant=mxfp4", "data=jsonl", f"data.path={data}", "data.split=train", "eval.k=[2,3]",
               "eval.max_new_tokens=12", "data.regenerate.max_new_tokens=12", "data.regenerate.batch_size=1",
               "cache.dtype=fp32", "data.val_fraction=0.2"]
-    proc = run_cli(["train", *common, "trainer.max_steps=20", "draft.ttt_steps=3", "trainer.val_data=heldout",
+    # Two TTT steps trained, eval.k up to 3: validation unrolls a step further than training.
+    proc = run_cli(["train", *common, "trainer.max_steps=20", "draft.ttt_steps=2", "trainer.val_data=heldout",
                     "trainer.val_samples=4", "trainer.val_batches=2", "trainer.micro_batch_size=2",
                     "draft.vocab_size=512", "draft.vocab_fill=prior"], cwd=tmp_path)
     assert "replayed decoding: k=2 acceptance" in proc.stderr
@@ -305,8 +306,10 @@ def test_heldout_validation_replays_decoding_on_target_answers(tmp_path):
     assert re.search(r"draft vocab: 512 tokens \(\d+ seen in training answers, the rest by the target's prior\)"
                      r" cover 100.0% of training answer tokens; [\d.]+% of held-out ones", proc.stderr), proc.stderr
     run = tmp_path / "runs/tiny_qwen3-mxfp4-eagle3-kl"
-    val = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    val, trained = records[-1], next(r for r in records if r["split"] == "train")
     assert val["split"] == "val" and val["tokens"] > 0
+    assert "acc_1" in trained and "acc_2" not in trained and "acc_2" in val
     assert len(val["replay_per_prompt_k3"]) == 4  # one [rounds, proposed, accepted] per held-out sample
     lo, hi = val["replay_accept_rate_ci_k3"]
     assert lo <= val["replay_accept_rate_k3"] <= hi

@@ -206,7 +206,10 @@ class Trainer:
         self.engine = _make_engine(cfg, draft)
         self.loss_fn = MixtureLoss(cfg.loss.terms or {cfg.loss.name: 1.0})
         self._loss_label = " + ".join(cfg.loss.terms or [cfg.loss.name])
-        self.replay_k = [k for k in cfg.eval.k if k <= cfg.draft.ttt_steps]
+        # Validation unrolls the draft as far as the deepest k it replays, past the steps it
+        # trains: a TTT-3 draft still reports its acceptance at eval's k = 4, 5.
+        self.replay_k = list(cfg.eval.k)
+        self.val_steps = max([cfg.draft.ttt_steps, *self.replay_k])
         self.sampler = StepSampler(len(self.train_idx), cfg.seed, cfg.trainer.micro_batch_size,
                                    cfg.trainer.grad_accum, rank, world_size)
         self.run_config_yaml = (self.run_dir / "config.yaml").read_text()
@@ -265,12 +268,19 @@ class Trainer:
         draft = self.engine.module
         view = target_view(batch, self.head, draft.t2d, self.cfg.trainer.vocab_chunk)
         # Noise perturbs what the draft reads, never the target it is scored against.
+        steps = self.val_steps if validating else self.cfg.draft.ttt_steps
         out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
-                          batch.get("final_hidden_input", batch["final_hidden"]), self.cfg.draft.ttt_steps)
-        weights = self.cfg.draft.step_weights or self.cfg.draft.step_weight_decay
-        res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn, weights, out.hidden,
-                            keep_hits=validating)
+                          batch.get("final_hidden_input", batch["final_hidden"]), steps)
+        res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn, self._step_weights(steps),
+                            out.hidden, keep_hits=validating)
         return res, int(batch["loss_mask"].sum())
+
+    def _step_weights(self, steps: int) -> list[float]:
+        """The trained steps' loss weights, and 0 for the steps only validation unrolls, so
+        the validation loss stays the objective training minimizes."""
+        d = self.cfg.draft
+        trained = list(d.step_weights) if d.step_weights else [d.step_weight_decay**j for j in range(d.ttt_steps)]
+        return trained + [0.0] * (steps - d.ttt_steps)
 
     def _record(self, results: list[StepResult], step: int, tokens: int, split: str) -> dict:
         """Mean over micro-batches and ranks of loss, loss_k, acc_k, accept_k."""
