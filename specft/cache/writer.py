@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm import tqdm
 
 from specft.cache.integrity import file_record
 from specft.cache.key import cache_key
@@ -37,6 +36,7 @@ from specft.cache.storage import bytes_per_value, encode
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import Sample
 from specft.errors import SpecftError
+from specft.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class CacheWriter:
         t0 = time.perf_counter()
         # The target computes shard j+1 while a writer thread saves shard j: disk time
         # hides behind compute (at most one shard waits in memory).
-        with tqdm(total=total, unit="tok", desc=f"cache r{self.rank}", disable=None) as bar, \
+        with progress_bar(total, f"cache r{self.rank}", "tok") as bar, \
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-writer") as pool:
             saving = None
             for j, idx in pending:

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from specft.config import DataConfig, RegenerateConfig
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
+from specft.progress import progress_bar
 from specft.target.loader import left_pad, stop_token_ids
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,7 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
     pending = [i for i in mine if i not in done]
     rc = cfg.regenerate
     t0, tokens = time.perf_counter(), 0
-    with tqdm(total=len(mine), initial=len(mine) - len(pending), unit="conv",
-              desc=f"regenerate r{rank}", disable=None) as bar:
+    with progress_bar(len(mine), f"regenerate r{rank}", "conv", initial=len(mine) - len(pending)) as bar:
         for start in range(0, len(pending), rc.batch_size):
             batch = pending[start: start + rc.batch_size]
             answered, n = _answer_conversations(model, tokenizer, [convs[i] for i in batch], cfg,

@@ -9,7 +9,6 @@ import resource
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from specft.config import RootConfig, aux_layer_ids
 from specft.decoding import DecodeStats, SamplingConfig, SpecDecoder
@@ -17,6 +16,7 @@ from specft.device import resolve_dtype
 from specft.drafts import DRAFT_ARCHS
 from specft.errors import SpecftError
 from specft.eval.stats import confidence, paired_difference
+from specft.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def run_eval(cfg: RootConfig) -> Path:
     runs += [(label, draft, k) for label, draft, _ in drafts for k in e.k]
     records = []
     ids = aux_layer_ids(cfg.model)
-    with tqdm(total=len(runs) * len(e.batch_sizes), desc="eval", unit="run", disable=None) as bar:
+    with progress_bar(len(runs) * len(e.batch_sizes), "eval", "run") as bar:
         for batch in e.batch_sizes:
             reference = None
             for label, draft, k in runs:
