@@ -226,24 +226,25 @@ def summary_markdown(rows: list[dict], walls: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # Defaults: the recipe and data of docs/results.md's latest result (part 6).
     p.add_argument("--out-dir", type=Path, default=Path("runs/quant_alignment"))
     p.add_argument("--parts", default="base,base-eval,mxfp4-ours,mxfp4-qat,mxfp4-eval,fp8-ours,fp8-qat,fp8-eval",
                    help="steps to run, in order; two processes can split them (an eval waits for its drafts)")
     p.add_argument("--qat-quants", default="mxfp4,fp8", help="quants whose eval includes the draft-QAT variant")
-    p.add_argument("--gsm8k-samples", type=int, default=160)
-    p.add_argument("--sharegpt-samples", type=int, default=64)
-    p.add_argument("--sharegpt-max-turns", type=int, default=2,
+    p.add_argument("--gsm8k-samples", type=int, default=520)
+    p.add_argument("--sharegpt-samples", type=int, default=160)
+    p.add_argument("--sharegpt-max-turns", type=int, default=4,
                    help="messages a ShareGPT training conversation may hold (a filter: the sample has "
                         "167 of 2, 166 of 4, 167 of 6 messages)")
-    p.add_argument("--sharegpt-val-fraction", type=float, default=0.1,
+    p.add_argument("--sharegpt-val-fraction", type=float, default=0.3,
                    help="the ShareGPT sample's held-out share (500 conversations: 0.3 holds out ~150)")
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=480)
     p.add_argument("--ttt-steps", type=int, default=3, help="TTT steps trained (3: the recipe ablations' best)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per prompt set (eval and validation)")
     p.add_argument("--val-samples", type=int, default=0,
                    help="held-out prompts the trainer's replayed validation uses (0: --eval-prompts)")
-    p.add_argument("--regen-batch", type=int, default=16, help="data.regenerate.batch_size (part of the cache key)")
+    p.add_argument("--regen-batch", type=int, default=32, help="data.regenerate.batch_size (part of the cache key)")
     p.add_argument("--no-eval-alone", dest="eval_alone", action="store_false",
                    help="skip the target-alone rows (acceptance only: no latency comparison)")
     p.add_argument("--eval-sets", default="gsm8k,sharegpt",
@@ -251,9 +252,9 @@ def main() -> None:
     p.add_argument("--latency-prompts", type=int, default=0,
                    help="held-out GSM8K prompts the smallest-batch latency eval decodes (0: --eval-prompts); "
                         "latency is a ratio of drafts timed side by side, acceptance CIs come from the larger run")
-    p.add_argument("--vocab-size", type=int, default=32000)
-    p.add_argument("--vocab-fill", default="seen", help="seen | prior (draft.vocab_fill)")
-    p.add_argument("--save-every", type=int, default=25, help="training steps between checkpoints (a resume point)")
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--vocab-fill", default="prior", help="seen | prior (draft.vocab_fill)")
+    p.add_argument("--save-every", type=int, default=40, help="training steps between checkpoints (a resume point)")
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--k", default="3,4,5")
     p.add_argument("--batch-sizes", default="1,16")
