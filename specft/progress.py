@@ -19,12 +19,17 @@ LOG_INTERVAL_S = 60.0
 
 
 class _LogLines:
-    """A file for tqdm that logs each redraw as one line."""
+    """A file for tqdm that logs each redraw as one line (a redraw that changed nothing,
+    such as closing right after the last update, is not logged again)."""
+
+    def __init__(self) -> None:
+        self.last = ""
 
     def write(self, text: str) -> None:
         line = text.strip("\r\n ")
-        if line:
+        if line and line != self.last:
             log.info(line)
+            self.last = line
 
     def flush(self) -> None:
         pass
@@ -32,7 +37,8 @@ class _LogLines:
 
 def progress_bar(total: int, desc: str, unit: str, initial: int = 0, interval: float = LOG_INTERVAL_S) -> tqdm:
     """A tqdm bar for ``total`` units: redrawn on a terminal, logged every ``interval``
-    seconds (and when it closes) otherwise."""
+    seconds (and when it closes) otherwise. Set a postfix with ``refresh=False``: a
+    refreshing one would log a line each time."""
     if sys.stderr.isatty():
         return tqdm(total=total, initial=initial, desc=desc, unit=unit)
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=_LogLines(), ascii=True, ncols=100,

@@ -156,7 +156,7 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
             done.update(zip(batch, answered))
             tokens += n
             bar.update(len(batch))
-            bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.1f} tok/s")
+            bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.1f} tok/s", refresh=False)
     if pending:
         spent = time.perf_counter() - t0
         log.info("regenerate r%d: %d conversations, %d new tokens in %.1fs (%.1f tok/s)", rank, len(pending),

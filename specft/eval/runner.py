@@ -175,7 +175,7 @@ def run_eval(cfg: RootConfig) -> Path:
                 records.append(rec)
                 bar.update()
                 bar.set_postfix_str(f"{rec['draft']} k={k} b={batch} acc={rec['acceptance_rate']:.3f} "
-                                    f"{rec['tokens_per_s']:.1f} tok/s")
+                                    f"{rec['tokens_per_s']:.1f} tok/s", refresh=False)
     _relative(records)
     comparisons = compare_drafts(records, e.seed)
     meta = {"model": cfg.model.name, "quant": cfg.quant.name, "prompts": len(prompts),
