@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
+
+from bench_decode import machine
 
 from specft.eval.stats import paired_difference
 
@@ -75,8 +76,11 @@ def main() -> None:
         raise SystemExit(f"error: {a.before} and {a.after} share no (draft, k, batch) row")
     rows = [row(k, before, after, a.seed) for k in keys]
     print(table(rows))
-    meta = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
-            "before": str(a.before), "after": str(a.after)}
+    # The machine this runs on (the evals' own, when run where they ran) and each eval's torch threads.
+    meta = {"machine": {k: v for k, v in machine().items() if k != "torch_threads"},
+            "before": str(a.before), "after": str(a.after),
+            "torch_threads": {side: json.loads((run / "results.json").read_text())["meta"].get("torch_threads")
+                              for side, run in (("before", a.before), ("after", a.after))}}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(f"\nwrote {a.out}")
