@@ -28,11 +28,9 @@ import json
 import time
 from pathlib import Path
 
-from steps import GSM8K_VAL_FRACTION, Steps, gsm8k_sharegpt_mix
+from steps import GSM8K_VAL_FRACTION, SHARED, Steps, gsm8k_sharegpt_mix
 
 from specft.eval.report import verdict
-
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
 class Experiment:

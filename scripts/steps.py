@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+# ../shared/data beside the checkout: the default GSM8K train and ShareGPT sample paths.
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 GSM8K_VAL_FRACTION = 0.1  # GSM8K's held-out share: training's split and eval's prompts alike
 
 

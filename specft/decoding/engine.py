@@ -92,8 +92,8 @@ class SpecDecoder:
         stats = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k, per_prompt=[[0, 0, 0] for _ in prompts])
         out: list[list[int]] = [[] for _ in prompts]
         t0 = time.perf_counter()
-        # Room for every new token plus one round's pending columns; rejected drafts that
-        # other rows keep leave holes, and the cache grows past the room when they add up.
+        # Room for every new token plus one round's pending columns; the holes rejected
+        # drafts leave are compacted by the target runner before the cache would grow.
         state = self._prefill(prompts, s, gen, device, room=max_new_tokens + k + 1)
         stats.prefill_s = time.perf_counter() - t0
         stats.prefill_tokens = sum(len(p) for p in prompts)
