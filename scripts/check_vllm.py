@@ -82,7 +82,7 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
 
     model_cfg = replace(cfg.model, source="hf", path=str(target_dir), gguf_file=None)
     target, tokenizer = load_target(model_cfg, dtype=torch.float32)
-    prompts = load_prompts(cfg, tokenizer)
+    prompts, _ = load_prompts(cfg, tokenizer)
     eos, pad = stop_token_ids(tokenizer, target), tokenizer.pad_token_id or 0
     draft, meta = load_draft(checkpoint, torch.float32)
     if draft_quant not in ("none", "auto") and meta.get("draft_quant") != draft_quant:

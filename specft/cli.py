@@ -13,20 +13,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specft.errors import ConfigError, SpecftError
+from specft.disk import disk_full_line, is_disk_full
+from specft.errors import ConfigError, ReportedError, SpecftError
 from specft.logs import setup_logging
 from specft.paths import conf_dir
 
 COMMANDS = ("cache", "train", "eval", "export", "plan", "info")
+JOB_COMMANDS = ("cache", "train", "eval")  # Hydra jobs: checked whole before Hydra runs
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR [--verify]  # what a cache holds; --verify checks every checksum
        specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp] [--quant auto|none|fp8|mxfp4]
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8
-  specft train -m quant=bf16,mxfp4        # Hydra multirun: one job per value
+  specft train -m quant=bf16,mxfp4        # Hydra multirun: one job per value; a failed job
+                                          # is reported at the end, the others still run
+                                          # (--fail-fast: stop at the first failure)
   specft plan model=qwen3_235b_a22b quant=mxfp4 'plan.devices=[8,16,32]'   # memory per rank
   specft eval quant=mxfp4 'eval.drafts=[runs/a,runs/b]' 'eval.k=[3,4,5]'
 
@@ -77,7 +81,8 @@ def _check_group_choice(override: str, groups: dict[str, list[str]]) -> None:
         raise ConfigError(f"{key}: unknown value {value!r}; allowed: {', '.join(groups[key])}")
 
 
-def compose(overrides: list[str]) -> DictConfig:
+def compose(overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The config a job would get; ``with_hydra`` keeps the ``hydra`` node (run dirs)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -86,23 +91,44 @@ def compose(overrides: list[str]) -> DictConfig:
     register_schema()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         try:
-            return hydra_compose("config", overrides=_dict_overrides_merge(overrides))
+            return hydra_compose("config", overrides=_dict_overrides_merge(overrides),
+                                 return_hydra_config=with_hydra)
         except Exception as err:
             cause = err.__cause__
             detail = f" ({str(cause).splitlines()[0]})" if cause else ""
             raise ConfigError(f"{str(err).splitlines()[0]}{detail}") from None
 
 
-def validate_overrides(overrides: list[str]) -> None:
+def _job_run_dir(cfg: DictConfig, multirun: bool) -> str:
+    """The directory Hydra will give the job (hydra.run.dir, or the sweep's subdir)."""
+    if multirun:
+        return str(Path(cfg.hydra.sweep.dir) / str(cfg.hydra.sweep.subdir))
+    return str(cfg.hydra.run.dir)
+
+
+def validate_overrides(overrides: list[str], command: str | None = None, multirun: bool = False) -> int:
+    """Check every job a command line would run; returns their number. For cache, train
+    and eval this includes every input the job reads (preflight.py), so a refused
+    command leaves no run directory behind."""
+    from specft.preflight import check_before_writing
     from specft.validate import to_schema
 
     groups = _groups()
-    for combo in _expand_overrides(overrides):
+    combos = _expand_overrides(overrides)
+    for combo in combos:
         for o in combo:
             _check_group_choice(o, groups)
-        cfg = compose(combo)
-        OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
-        to_schema(cfg)
+        cfg = compose(combo, with_hydra=command in JOB_COMMANDS)
+        run_dir = _job_run_dir(cfg, multirun) if command in JOB_COMMANDS else "unset"
+        with open_dict(cfg):
+            cfg.pop("hydra", None)
+        OmegaConf.update(cfg, "run_dir", run_dir, force_add=True)
+        if command in JOB_COMMANDS:
+            _absolute_paths(cfg)
+            check_before_writing(to_schema(cfg), OmegaConf.to_container(cfg), command)
+        else:
+            to_schema(cfg)
+    return len(combos)
 
 
 def _git_sha() -> str | None:
@@ -125,45 +151,103 @@ def _absolute_paths(cfg: DictConfig) -> None:
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
 
 
-def _check_writable_places(root, command: str) -> None:
-    from specft.paths import models_dir, require_writable_dir
-    from specft.target.loader import local_build_dir
+class JobTally:
+    """What became of each job of a multirun: finished, failed (with its one line), or
+    skipped after a failure under --fail-fast."""
 
-    if command == "eval":
-        require_writable_dir(root.eval.out_dir or Path(root.run_dir) / "eval", "eval.out_dir")
-    else:
-        require_writable_dir(root.run_dir, "run_dir (runs/ under the working directory by default)")
-        require_writable_dir(root.cache.dir or root.cache.root, "cache.dir" if root.cache.dir else "cache.root")
-    build_dir = local_build_dir(root.model)
-    if build_dir is not None and not build_dir.is_dir():
-        require_writable_dir(models_dir(), "SPECFT_HOME (where specft builds local models)")
+    def __init__(self, total: int, fail_fast: bool):
+        self.total, self.fail_fast = total, fail_fast
+        self.finished: list[str] = []
+        self.failed: list[tuple[str, str]] = []
+
+    def summary(self) -> str:
+        skipped = self.total - len(self.finished) - len(self.failed)
+        lines = [f"multirun: {self.total} jobs: {len(self.finished)} finished, {len(self.failed)} failed, "
+                 f"{skipped} skipped" + (" (--fail-fast)" if skipped else "")]
+        lines += [f"  failed: {name}: {line}" for name, line in self.failed]
+        return "\n".join(lines)
 
 
-def _task(command: str):
+def _job_name() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    job = HydraConfig.get().job
+    return f"#{job.num} {job.override_dirname or '(no overrides)'}"
+
+
+def _task(command: str, tally: JobTally | None = None):
     def task(hydra_cfg: DictConfig) -> None:
         try:
             _run_job(command, hydra_cfg)
         except SpecftError as err:
             # Hydra turns exceptions into tracebacks and exit 1; bad input is one line, exit 2.
-            print(f"error: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
+            line = str(err)
+            if not isinstance(err, ReportedError):  # a rank process printed its own line
+                print(f"error: {line}", file=sys.stderr)
+            if tally is None:
+                raise SystemExit(2) from None
+            tally.failed.append((_job_name(), line))
+            if tally.fail_fast:
+                raise SystemExit(2) from None
+            return
         except KeyboardInterrupt:
             resume = "" if command == "eval" else "; the same command resumes from the last checkpoint / shard"
             print(f"interrupted: specft {command} stopped (run dir {hydra_cfg.get('run_dir')}){resume}",
                   file=sys.stderr)
             raise SystemExit(INTERRUPTED) from None
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            print(f"error: {disk_full_line(str(hydra_cfg.get('run_dir')), 'finished checkpoints and cache shards are kept')}",
+                  file=sys.stderr)
+            raise SystemExit(2) from None
+        if tally is not None:
+            tally.finished.append(_job_name())
 
     return task
 
 
+def _cache_locks(root, command: str, stack) -> None:
+    """Lock every cache this job will build (not those complete already, which it only
+    reads): two builds of one cache would write the same shards."""
+    from specft.cache import locate_cache
+    from specft.cache.writer import cache_is_complete
+    from specft.lock import dir_lock
+    from specft.pipeline import caches_needed
+
+    for cfg in caches_needed(root, command):
+        cache_dir, provenance, _ = locate_cache(cfg)
+        if not cache_is_complete(cache_dir, provenance):
+            stack.enter_context(dir_lock(cache_dir, "cache"))
+
+
+def _write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
+    """config.yaml, unless it already says the same (a rerun that resumes leaves it as
+    it was; only resume-safe fields such as trainer.max_steps may differ, and then the
+    file records the settings the run now goes on with)."""
+    from specft.rundir import same_run_config, write_atomic
+
+    config_path = run_dir / "config.yaml"
+    if same_run_config(config_path, OmegaConf.to_container(cfg)):
+        return config_path
+    try:
+        write_atomic(config_path, OmegaConf.to_yaml(cfg))
+    except OSError as err:
+        raise SpecftError(f"run_dir: cannot write {config_path}: {err.strerror or err}") from None
+    return config_path
+
+
 def _run_job(command: str, hydra_cfg: DictConfig) -> None:
-    """Resolve, validate and save the config, then run one job's ranks."""
+    """Resolve, check and save the config, then run one job's ranks."""
+    from contextlib import ExitStack
+
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from specft.data import check_data_files
     from specft.launch import launch_ranks, run_subprocess_rank
-    from specft.rundir import check_resume, write_atomic
+    from specft.lock import dir_lock
+    from specft.preflight import check_before_writing
+    from specft.rundir import write_atomic
     from specft.validate import to_schema
     from specft.worker import run
 
@@ -174,27 +258,24 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     root = to_schema(cfg)
     run_dir = Path(root.run_dir)
     # Everything is checked before anything is written: a refused command changes no file.
-    check_data_files(root.data)
-    _check_writable_places(root, command)
+    check_before_writing(root, OmegaConf.to_container(cfg), command)
     if command == "eval":  # reads a run; writes only under its eval dir, once it has results
         from specft.eval import run_eval
 
         out = run_eval(root)
         write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg))
         return
-    check_resume(run_dir, OmegaConf.to_container(cfg))
-    config_path = run_dir / "config.yaml"
-    try:
-        write_atomic(config_path, OmegaConf.to_yaml(cfg))
-    except OSError as err:
-        raise SpecftError(f"run_dir: cannot write {config_path}: {err.strerror or err}") from None
-    log.info("%s: run dir %s", command, run_dir)
-    if root.trainer.nproc > 1 or root.trainer.hostfile:
-        launch_ranks(config_path, command, root.trainer.nproc, root.trainer.hostfile, root.trainer.num_nodes)
-    elif HydraConfig.get().mode == RunMode.MULTIRUN:
-        run_subprocess_rank(config_path, command)
-    else:
-        run(root, command)
+    with ExitStack() as locks:
+        locks.enter_context(dir_lock(run_dir, "run_dir", f"specft {command}"))
+        _cache_locks(root, command, locks)
+        config_path = _write_run_config(run_dir, cfg)
+        log.info("%s: run dir %s", command, run_dir)
+        if root.trainer.nproc > 1 or root.trainer.hostfile:
+            launch_ranks(config_path, command, root.trainer.nproc, root.trainer.hostfile, root.trainer.num_nodes)
+        elif HydraConfig.get().mode == RunMode.MULTIRUN:
+            run_subprocess_rank(config_path, command)
+        else:
+            run(root, command)
 
 
 def _info(args: list[str]) -> int:
@@ -279,10 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging()
         return _export(overrides)
     setup_logging()
+    fail_fast = "--fail-fast" in overrides
+    overrides = [a for a in overrides if a != "--fail-fast"]
     hydra_flags = [a for a in overrides if a.startswith("-")]
+    multirun = any(f in ("-m", "--multirun") for f in hydra_flags)
     plain = _dict_overrides_merge([a for a in overrides if not a.startswith("-")])
     try:
-        validate_overrides(plain)
+        jobs = validate_overrides(plain, command, multirun)
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -291,13 +375,20 @@ def main(argv: list[str] | None = None) -> int:
     from specft.config import register_schema
 
     register_schema()
+    tally = JobTally(jobs, fail_fast) if multirun else None
     sys.argv = [f"specft {command}", *hydra_flags, *plain]
-    app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task(command))
+    app = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task(command, tally))
     try:
         app()
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except SystemExit as stop:
+        if tally is None or stop.code == INTERRUPTED:
+            raise
+    if tally is not None:
+        print(tally.summary(), file=sys.stderr)
+        return 2 if tally.failed else 0
     return 0
 
 

@@ -249,8 +249,35 @@ def register_schema() -> None:
     """Make the schema the base of conf/config.yaml: every field exists (overridable
     without '+') and is type-checked as Hydra composes."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RootConfig)
+    if not OmegaConf.has_resolver("specft_dirname"):
+        OmegaConf.register_new_resolver("specft_dirname", job_dir_name)
+
+
+JOB_DIR_MAX_CHARS = 96
+
+
+def job_dir_name(overrides: str) -> str:
+    """A multirun job's folder name from its overrides ("data.path=/a/b.jsonl,quant=fp8"):
+    one folder, not one per '/' of a path (a path keeps its last two parts), and a long
+    name cut with a hash of the whole, so two jobs never share a folder."""
+    import hashlib
+
+    if not overrides:
+        return "job"
+    items = []
+    for item in overrides.split(","):
+        key, eq, value = item.partition("=")
+        if "/" in value:
+            value = "_".join(p for p in value.rstrip("/").split("/")[-2:] if p)
+        items.append(f"{key}{eq}{value}")
+    name = ",".join(items).lstrip(".")
+    if len(name) > JOB_DIR_MAX_CHARS or name != overrides:
+        digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
+        name = f"{name[: JOB_DIR_MAX_CHARS - 9]}-{digest}"
+    return name
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:

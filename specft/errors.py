@@ -7,3 +7,7 @@ class SpecftError(Exception):
 
 class ConfigError(SpecftError):
     pass
+
+
+class ReportedError(SpecftError):
+    """A failure whose one line another process (a rank) has printed already."""

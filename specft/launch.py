@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specft.errors import SpecftError
+from specft.errors import ReportedError, SpecftError
 
 
 def free_port() -> int:
@@ -41,8 +41,15 @@ def run_subprocess_rank(config_path: Path, command: str) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     cmd = [sys.executable, "-m", "specft.worker", "--config", str(config_path), "--command", command]
-    proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, bufsize=1)
+    error_line = None
+    for line in proc.stderr:  # passed through as it comes; the rank's own error line kept
+        sys.stderr.write(line)
+        if line.startswith("error: "):
+            error_line = line[len("error: "):].strip()
+    if proc.wait() != 0:
+        if error_line:
+            raise ReportedError(error_line)
         raise SpecftError(f"job exited with code {proc.returncode}: {' '.join(cmd)}")
 
 
@@ -63,6 +70,8 @@ def launch_ranks(config_path: Path, command: str, nproc: int, hostfile: str | No
     cmd = launcher_command(config_path, command, nproc, hostfile, num_nodes)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, env=env)
+    if proc.returncode == 2:  # a rank refused with its one line (worker.py), printed already
+        raise ReportedError(f"{nproc} ranks stopped; see the error line above")
     if proc.returncode != 0:
         raise SpecftError(f"{nproc} ranks exited with code {proc.returncode}: {' '.join(cmd)}")
     sys.stdout.flush()

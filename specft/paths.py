@@ -7,7 +7,13 @@ from pathlib import Path
 
 
 def specft_home() -> Path:
-    return Path(os.environ.get("SPECFT_HOME", Path.home() / ".cache" / "specft")).expanduser()
+    value = os.environ.get("SPECFT_HOME")
+    if value is not None and not value.strip():
+        # Path('') is the working directory: models would be built wherever a command runs.
+        from specft.errors import SpecftError
+
+        raise SpecftError("SPECFT_HOME: set but empty; unset it (default ~/.cache/specft) or give a directory")
+    return Path(value or Path.home() / ".cache" / "specft").expanduser()
 
 
 def models_dir() -> Path:

@@ -32,6 +32,18 @@ def with_heldout_data(cfg: RootConfig) -> dict[str, RootConfig]:
             for source, side in heldout_sides(cfg.data, cfg.trainer.val_samples).items()}
 
 
+def caches_needed(cfg: RootConfig, command: str) -> list[RootConfig]:
+    """The config of every cache a job reads, in the order run_job builds them."""
+    configs = [cfg]
+    if command == "cache":
+        return configs
+    if cfg.trainer.mix_quant is not None:
+        configs.append(with_quant(cfg, cfg.trainer.mix_quant))
+    if cfg.trainer.val_data == "heldout":
+        configs += with_heldout_data(cfg).values()
+    return configs
+
+
 def run_job(cfg: RootConfig, command: str, rank: int, world: int) -> Path:
     cache_dir = ensure_cache(cfg, rank, world, verify=command == "cache")
     if command == "cache":

@@ -104,10 +104,12 @@ def format_plan(m: ModelConfig, q: QuantConfig, p: PlanConfig, rows: list[dict])
 
 
 def run_plan(cfg) -> list[dict]:
-    from specft.cache.storage import bytes_per_value
+    from specft.cache.storage import bytes_per_token
+    from specft.config import aux_layer_ids
 
     tokens = cfg.cache.batch_size * cfg.data.max_seq_len
-    per_token = 4 * cfg.model.hidden_size * bytes_per_value(cfg.cache.dtype) + 9
+    # as the cache writer estimates it: every cached layer's values, token id and loss mask
+    per_token = bytes_per_token(cfg.cache.dtype, cfg.model.hidden_size, len(aux_layer_ids(cfg.model)) + 1) + 5
     rows = plan_rows(cfg.model, cfg.quant, cfg.plan, tokens, per_token)
     print(format_plan(cfg.model, cfg.quant, cfg.plan, rows))
     if not any(r["fits"] for r in rows):

@@ -60,6 +60,18 @@ def check_resume(run_dir: Path, current: dict) -> None:
                           "use another run dir (hydra.run.dir=...) or trainer.resume=false")
 
 
+def same_run_config(path: Path, current: dict) -> bool:
+    """True when ``path`` holds this config already, ``meta`` (git SHA, argv) aside."""
+    try:
+        stored = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    if not isinstance(stored, dict):
+        return False
+    strip = lambda c: {k: v for k, v in c.items() if k != "meta"}  # noqa: E731
+    return strip(stored) == strip(current)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write beside the final name, then rename: a reader sees the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specft.config import RootConfig
+from specft.disk import disk_full_line, is_disk_full
 from specft.errors import SpecftError
 from specft.validate import to_schema
 
@@ -73,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print("interrupted: the same command resumes from the last checkpoint / shard", file=sys.stderr)
         return 130
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        print(f"error: {disk_full_line(args.config, 'finished checkpoints and cache shards are kept')}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -32,7 +32,8 @@ def _tree(root: Path) -> dict[str, bytes]:
 def _refused(proc, *needles: str, code: int = 2) -> str:
     assert proc.returncode == code, proc.stderr[-3000:]
     # Log lines ([specft ...], DeepSpeed's banner) and progress bars are not the message.
-    lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("[") and "it/s]" not in ln]
+    lines = [ln for ln in proc.stderr.strip().splitlines()
+             if ln.strip() and not ln.startswith("[") and "it/s]" not in ln]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     for needle in needles:
@@ -214,7 +215,8 @@ def test_nan_features_stop_training_and_keep_the_last_good_checkpoint(tmp_path):
         listing.write_text(json.dumps(state))
     proc = run_cli(_train_args(tmp_path, 4), cwd=tmp_path, check=False)
     line = _refused(proc, "training stopped at step 3", "not finite", "step-0000002")
-    assert "NaN/Inf" in line  # the cause is named: the cached features
+    assert "NaN/Inf" in line  # the cause is named: the cached features, by sample and shard
+    assert "in shard-r000-000000.safetensors" in line and str(cache_dir) in line
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-0000002"
     assert not (run_dir / "checkpoints" / "step-0000003").exists()
     after = load_file(str(run_dir / "checkpoints" / "final" / "draft.safetensors"))

@@ -76,8 +76,9 @@ def test_config_resolves_auto_before_anything_is_keyed(monkeypatch):
     the target unless told otherwise."""
     import torch
 
-    from helpers import root_cfg
     from specft.cache.key import cache_key
+
+    from helpers import root_cfg
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from specft.cache.integrity import require_intact
 from specft.cache.manifest import MANIFEST, read_json
 from specft.cache.storage import SCALE_SUFFIX, decode
-from specft.cache.writer import TARGET_HEAD, TOKEN_COUNTS
+from specft.cache.writer import TARGET_HEAD, TOKEN_COUNTS, require_unique_samples
 from specft.errors import SpecftError
 
 
@@ -29,12 +29,17 @@ class CacheReader:
         if not self.manifest.get("complete"):
             raise SpecftError(f"cache: {self.cache_dir} is incomplete; rerun `specft cache` to finish it")
         require_intact(self.cache_dir, self.manifest)  # sizes of all files, checksums of a sample
+        require_unique_samples(self.cache_dir, self.manifest["shards"])
         self._where: dict[int, tuple[str, int]] = {}
         for shard in self.manifest["shards"]:
             for local, global_index in enumerate(shard["sample_index"]):
                 self._where[global_index] = (shard["file"], local)
         self.indices = sorted(self._where)
         self._open = lru_cache(maxsize=8)(self._open_shard)
+
+    def shard_of(self, i: int) -> str:
+        """The shard file that holds sample ``i`` (an index into this reader)."""
+        return self._where[self.indices[i]][0]
 
     def __len__(self) -> int:
         return len(self.indices)

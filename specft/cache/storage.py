@@ -19,10 +19,12 @@ SCALE_SUFFIX = "_scale"
 _E4M3 = get_format("e4m3")
 
 
-def bytes_per_value(dtype: str) -> float:
-    """Storage bytes per hidden value, scales included (amortised over a hidden size of
-    ~1000 they add <1%; counted as 4 bytes per 1024 values)."""
-    return 1 + 4 / 1024 if dtype == "fp8" else PLAIN_DTYPES[dtype].itemsize
+def bytes_per_token(dtype: str, hidden_size: int, groups: int) -> int:
+    """Exact storage bytes of one token's ``groups`` hidden states of ``hidden_size``:
+    the values, and for fp8 one float32 scale per group."""
+    if dtype == "fp8":
+        return groups * (hidden_size + 4)
+    return groups * hidden_size * PLAIN_DTYPES[dtype].itemsize
 
 
 def encode(name: str, x: torch.Tensor, groups: int, dtype: str) -> dict[str, torch.Tensor]:

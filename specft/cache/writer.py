@@ -32,9 +32,10 @@ from specft.cache.manifest import (
     read_json,
     tokenizer_fingerprint,
 )
-from specft.cache.storage import bytes_per_value, encode
+from specft.cache.storage import bytes_per_token, encode
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import Sample
+from specft.disk import disk_full_line, format_bytes, is_disk_full
 from specft.errors import SpecftError
 from specft.progress import progress_bar
 
@@ -109,10 +110,31 @@ class CacheWriter:
         self.rank, self.world_size, self.writes = rank, world_size, writes
         self.lockstep = lockstep or Lockstep(False)
 
-    def _my_shards(self, samples: list[Sample | None]) -> list[list[int]]:
+    def _my_shards(self, samples: list[Sample | None], per: int) -> list[list[int]]:
         mine = [i for i in range(self.rank, len(samples), self.world_size) if samples[i] is not None]
-        per = self.cfg.cache.samples_per_shard
         return [mine[i: i + per] for i in range(0, len(mine), per)]
+
+    def _shard_size(self, progress: dict) -> int:
+        """Samples per shard: the cache's own, once it has shards. cache.samples_per_shard
+        is not part of the cache key (it changes no sample), so a repair or resume may
+        run with another value; shard j must still hold the samples it was planned with,
+        or a rebuilt shard would miss or repeat samples."""
+        wanted = self.cfg.cache.samples_per_shard
+        stored = progress.get("samples_per_shard")
+        if stored is None and progress["shards"]:  # caches from before the layout was recorded
+            stored = max(s["num_samples"] for s in progress["shards"])
+        if stored is not None and stored != wanted:
+            log.info("cache: %s was laid out with %d samples per shard; finishing it with that "
+                     "(cache.samples_per_shard=%d applies to new caches)", self.cache_dir, stored, wanted)
+        return stored or wanted
+
+    def _check_layout(self, progress: dict, shards: list[list[int]]) -> None:
+        """Every recorded shard holds exactly the samples this layout puts there."""
+        for s in progress["shards"]:
+            j = int(s["file"].rsplit("-", 1)[1].split(".")[0])
+            if j >= len(shards) or s["sample_index"] != shards[j]:
+                raise SpecftError(f"cache: {self.cache_dir / s['file']} holds other samples than this run "
+                                  f"lays out for it; delete {self.cache_dir} to rebuild the cache")
 
     def _load_progress(self) -> dict:
         path = progress_path(self.cache_dir, self.rank)
@@ -126,22 +148,29 @@ class CacheWriter:
             # Trust only shards whose file exists (the progress file is written after it).
             progress["shards"] = [s for s in progress["shards"] if (self.cache_dir / s["file"]).exists()]
             return progress
-        return {"provenance": self.provenance, "rank": self.rank, "world_size": self.world_size, "shards": []}
+        return {"provenance": self.provenance, "rank": self.rank, "world_size": self.world_size,
+                "samples_per_shard": self.cfg.cache.samples_per_shard, "shards": []}
 
-    def estimate_bytes(self, samples: list[Sample]) -> int:
+    def estimate_bytes(self, samples: list[Sample | None]) -> int:
+        """What the shards of ``samples`` take on disk: per token, the stored hidden
+        values of every cached layer (aux layers and the final one, scales included),
+        the token id (int32) and loss mask (uint8); per sample, two int64 indices."""
         tokens = sum(len(s.input_ids) for s in samples if s is not None)
-        per_value = bytes_per_value(self.cfg.cache.dtype)
-        return int(tokens * 4 * self.cfg.model.hidden_size * per_value) + tokens * 9
+        count = sum(s is not None for s in samples)
+        groups = len(aux_layer_ids(self.cfg.model)) + 1
+        per_token = bytes_per_token(self.cfg.cache.dtype, self.cfg.model.hidden_size, groups) + 5
+        return tokens * per_token + count * 16
 
-    def _check_disk(self, samples: list[Sample]) -> None:
+    def _check_disk(self, samples: list[Sample | None]) -> None:
         need = self.estimate_bytes(samples)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.cache_dir).free
-        log.info("cache: %d samples, ~%.1f MB on disk (%.1f GB free) at %s",
-                 sum(s is not None for s in samples), need / 1e6, free / 1e9, self.cache_dir)
+        log.info("cache: %d samples to write, ~%s on disk (%s free) at %s",
+                 sum(s is not None for s in samples), format_bytes(need), format_bytes(free), self.cache_dir)
         if need > free:
-            raise SpecftError(f"cache: needs ~{need / 1e9:.2f} GB but only {free / 1e9:.2f} GB is "
-                              f"free at {self.cache_dir}")
+            raise SpecftError(f"cache: needs ~{format_bytes(need)} but only {format_bytes(free)} is free at "
+                              f"{self.cache_dir}; free some space or set cache.root elsewhere (cache.dtype=fp8 "
+                              "takes about half of bf16)")
 
     def _compute_shard(self, capture, samples: list[Sample], indices: list[int], pad_id: int,
                        bar) -> dict[str, torch.Tensor]:
@@ -177,7 +206,16 @@ class CacheWriter:
         Runs on the writer thread; shards are saved one at a time, in order."""
         fd, tmp = tempfile.mkstemp(prefix=f".{file}.", dir=self.cache_dir)
         os.close(fd)
-        save_file(tensors, tmp, metadata={"provenance_hash": provenance_hash(self.provenance)})
+        try:
+            save_file(tensors, tmp, metadata={"provenance_hash": provenance_hash(self.provenance)})
+        except Exception as err:
+            Path(tmp).unlink(missing_ok=True)  # a partial shard only takes space
+            if is_disk_full(err):
+                done = len(progress["shards"])
+                raise SpecftError("cache: " + disk_full_line(
+                    f"{self.cache_dir / file}", f"the {done} shard(s) finished before it are kept "
+                    f"(rank {self.rank})", "rerun the same command: it computes only the rest")) from None
+            raise
         record = file_record(Path(tmp))  # size and checksum, verified when the cache is opened
         os.replace(tmp, self.cache_dir / file)
         offsets = tensors["offsets"]
@@ -202,8 +240,10 @@ class CacheWriter:
         if self.cache_dir.exists() and self.writes:
             self._remove_stale_temporaries()
         progress = self._load_progress()
+        progress["samples_per_shard"] = self._shard_size(progress)
         done = {s["file"] for s in progress["shards"]}
-        shards = self._my_shards(samples)
+        shards = self._my_shards(samples, progress["samples_per_shard"])
+        self._check_layout(progress, shards)
         pending = [(j, idx) for j, idx in enumerate(shards) if shard_name(self.rank, j) not in done]
         if not pending:
             if self.writes and not progress_path(self.cache_dir, self.rank).exists():  # no samples
@@ -211,7 +251,7 @@ class CacheWriter:
                 atomic_write_json(progress_path(self.cache_dir, self.rank), progress)
             return
         if self.rank == 0 and self.writes:
-            self._check_disk(samples)
+            self._check_disk([samples[i] for _, idx in pending for i in idx])
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         total = sum(len(samples[i].input_ids) for _, idx in pending for i in idx)
         t0 = time.perf_counter()
@@ -260,11 +300,23 @@ def save_side_files(cache_dir: Path, head: dict[str, torch.Tensor], world_size: 
     save_file({"counts": counts}, str(cache_dir / TOKEN_COUNTS))
 
 
+def require_unique_samples(cache_dir: Path, shards: list[dict]) -> None:
+    """No sample in two shards: a cache that repeats samples trains on the wrong data."""
+    seen: dict[int, str] = {}
+    for shard in shards:
+        for index in shard["sample_index"]:
+            if index in seen:
+                raise SpecftError(f"cache: sample {index} is in both {seen[index]} and {shard['file']} "
+                                  f"in {cache_dir}; delete {cache_dir} to rebuild the cache")
+            seen[index] = shard["file"]
+
+
 def merge_manifest(cfg: RootConfig, cache_dir: Path, provenance: dict, world_size: int,
                    target: dict, data_summary: dict | None = None) -> dict:
     shards = []
     for rank in range(world_size):
         shards.extend(read_json(progress_path(cache_dir, rank))["shards"])
+    require_unique_samples(cache_dir, shards)
     manifest = {
         "version": CACHE_VERSION, "provenance": provenance,
         "provenance_hash": provenance_hash(provenance), "complete": True,

@@ -32,11 +32,18 @@ def comparison_lines(comparisons: list[dict]) -> list[str]:
     return lines
 
 
+def _left_out(meta: dict) -> str:
+    """Records of the data set that gave no prompt, by reason (other_split: the train
+    side of a split; over_cap: past eval.num_prompts)."""
+    left = meta.get("prompts_left_out") or {}
+    return (" Records left out: " + ", ".join(f"{v} {k}" for k, v in left.items()) + ".") if left else ""
+
+
 def markdown(records: list[dict], meta: dict, comparisons: list[dict] = ()) -> str:
     lines = [f"# specft eval: {meta['model']} / {meta['quant']}", "",
              f"{meta['prompts']} prompts from data={meta['data']} (split {meta['split']}), "
              f"max {meta['max_new_tokens']} new tokens, temperature {meta['temperature']}, "
-             f"{meta['dtype']}, {meta['torch_threads']} threads.", "",
+             f"{meta['dtype']}, {meta['torch_threads']} threads.{_left_out(meta)}", "",
              "| draft | k | batch | accept rate | accept len | ms/token | tok/s | latency vs first draft "
              "| latency vs target alone | memory vs target alone | flip rate |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

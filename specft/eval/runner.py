@@ -3,7 +3,6 @@ draft, for every k and batch size; record what users care about."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import resource
 from pathlib import Path
@@ -23,19 +22,25 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
-def load_prompts(cfg: RootConfig, tokenizer) -> list[list[int]]:
-    """Each conversation up to its first assistant turn, with the generation prompt."""
-    from specft.data import load_conversations
+def load_prompts(cfg: RootConfig, tokenizer) -> tuple[list[list[int]], dict[str, int]]:
+    """Each conversation up to its first assistant turn, with the generation prompt; and
+    the records left out, by reason (answers are not read, so none is left out for its
+    answer: see preflight.eval_prompt_data)."""
+    from specft.data import DataSummary, load_conversations
     from specft.data.template import prompt_ids
+    from specft.preflight import eval_prompt_data
 
-    data = dataclasses.replace(cfg.data, num_samples=cfg.eval.num_prompts,
-                               regenerate=dataclasses.replace(cfg.data.regenerate, enabled=True))
+    summary = DataSummary()
+    data = eval_prompt_data(cfg.data, cfg.eval.num_prompts)
     room = max(cfg.data.max_seq_len - cfg.eval.max_new_tokens, 1)  # keep the prompt's end
     prompts = []
-    for conv in load_conversations(data):
+    for conv in load_conversations(data, summary):
         first = next(i for i, m in enumerate(conv) if m["role"] == "assistant")
         prompts.append(prompt_ids(tokenizer, conv[:first], cfg.data.thinking)[-room:])
-    return prompts
+    left_out = {**summary.skipped, **{k: summary[k] for k in ("other_split", "over_cap") if summary[k]}}
+    log.info("eval: %d prompts from %d records%s", len(prompts), summary["records"],
+             "; left out: " + ", ".join(f"{v} {k}" for k, v in left_out.items()) if left_out else "")
+    return prompts, left_out
 
 
 def load_quantized_target(cfg: RootConfig, prompts: list[list[int]], dtype: torch.dtype):
@@ -148,7 +153,7 @@ def run_eval(cfg: RootConfig) -> Path:
     dtype = DTYPES[resolve_dtype(cfg.model.dtype) if e.dtype == "auto" else e.dtype]
     drafts = _load_drafts(cfg, dtype)  # first: a wrong or damaged draft fails before any work
     tokenizer = load_tokenizer(cfg.model)
-    prompts = load_prompts(cfg, tokenizer)
+    prompts, left_out = load_prompts(cfg, tokenizer)
     target = load_quantized_target(cfg, prompts, dtype)
     eos = stop_token_ids(tokenizer, target)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -178,7 +183,7 @@ def run_eval(cfg: RootConfig) -> Path:
                                     f"{rec['tokens_per_s']:.1f} tok/s", refresh=False)
     _relative(records)
     comparisons = compare_drafts(records, e.seed)
-    meta = {"model": cfg.model.name, "quant": cfg.quant.name, "prompts": len(prompts),
+    meta = {"model": cfg.model.name, "quant": cfg.quant.name, "prompts": len(prompts), "prompts_left_out": left_out,
             "data": cfg.data.name, "split": cfg.data.split, "max_new_tokens": e.max_new_tokens,
             "temperature": e.temperature, "dtype": e.dtype, "torch_threads": torch.get_num_threads(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -18,6 +18,7 @@ from specft.drafts.layouts import LAYOUTS
 from specft.errors import SpecftError
 from specft.export.packing import PACKERS, compressed_tensors_config
 from specft.export.verifier import verifier_facts
+from specft.lock import sibling_lock
 from specft.paths import require_writable_dir
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,11 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eag
                         "aux_layer_ids_specft": meta["aux_layer_ids"], "quant": kind or "none",
                         "target_model": meta.get("target_model"), "target_quant": meta.get("quant"),
                         "target_path": meta["verifier"]["name_or_path"]}
-    _write_export(out, _sixteen_bit(tensors, torch_dtype), config)
+    # One writer at a time; the folder is checked again under the lock, since another
+    # export may have filled it since the check above.
+    with sibling_lock(out, "out_dir", "specft export"):
+        _check_out_dir(out, overwrite)
+        _write_export(out, _sixteen_bit(tensors, torch_dtype), config)
     log.info("export: %s layout, %s weights, %d tensors -> %s", layout, kind or dtype, len(tensors), out)
     return out
 

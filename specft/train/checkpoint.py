@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import save_file
 
 from specft.cache.manifest import atomic_write_json
+from specft.disk import disk_full_line, is_disk_full
+from specft.errors import SpecftError
 from specft.launch import barrier
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,13 @@ def latest_tag(ckpt_root: Path) -> str | None:
     if tag and "/" not in tag and (ckpt_root / tag).is_dir():
         return tag
     fallback = next(iter(step_tags(ckpt_root)), None)
-    log.warning("checkpoints: %s is damaged (%r); using the newest step checkpoint, %s", path, tag[:40], fallback)
+    why = f"names {tag}, which is gone" if tag and "/" not in tag else f"is damaged ({tag[:40]!r})"
+    if fallback is None:
+        # Training from step 0 here would silently replace a run the user meant to continue.
+        raise SpecftError(f"trainer.resume: {path} {why}, and no step checkpoint is left in {ckpt_root}, so the "
+                          "run cannot resume; trainer.resume=false trains it again from step 0, or give "
+                          "another run dir")
+    log.warning("checkpoints: %s %s; resuming from the newest step checkpoint left, %s", path, why, fallback)
     return fallback
 
 
@@ -73,6 +81,34 @@ def write_draft_files(folder: Path, draft, extra_config: dict, run_config_yaml: 
 
 def save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: int,
                     keep_last: int, extra_config: dict, run_config_yaml: str) -> Path:
+    try:
+        return _save_checkpoint(engine, ckpt_root, step, rank, world_size, keep_last, extra_config,
+                                run_config_yaml)
+    except Exception as err:
+        tmp_root = ckpt_root / f".tmp-{step_tag(step)}"
+        full = is_disk_full(err) or (tmp_root.exists() and _nearly_full(ckpt_root))
+        if rank == 0:
+            shutil.rmtree(tmp_root, ignore_errors=True)  # a partial checkpoint only takes space
+        if not full:
+            raise
+        kept = latest_tag(ckpt_root)
+        raise SpecftError("checkpoints: " + disk_full_line(
+            f"step {step}'s checkpoint in {ckpt_root}",
+            f"the last complete checkpoint, {kept}, is kept" if kept else "no checkpoint was complete yet",
+            "rerun the same command: it resumes from there")) from None
+
+
+# torch.save and DeepSpeed report a full disk as "file write failed", without the OS
+# error: less free space than this right after a failed write means the disk filled.
+_FULL_BELOW_BYTES = 1 << 20
+
+
+def _nearly_full(path: Path) -> bool:
+    return shutil.disk_usage(path).free < _FULL_BELOW_BYTES
+
+
+def _save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: int,
+                     keep_last: int, extra_config: dict, run_config_yaml: str) -> Path:
     tag = step_tag(step)
     tmp_root = ckpt_root / f".tmp-{tag}"
     if rank == 0 and tmp_root.exists():

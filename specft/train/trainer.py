@@ -310,14 +310,21 @@ class Trainer:
         latest = latest_tag(self.ckpt_root)
         where = f"; the last good checkpoint is {self.ckpt_root / latest} (latest)" if latest else \
             "; no checkpoint was written yet"
+        bad_inputs = self._inputs_not_finite(samples) if loss_bad or grad_bad else []
         inputs = ""
-        if (loss_bad or grad_bad) and self._inputs_not_finite(samples):
-            inputs = f"; the cached features of samples {samples} hold NaN/Inf (check the cache: specft info --verify)"
+        if bad_inputs:
+            named = ", ".join(f"sample {self.reader.indices[i]} in {self.reader.shard_of(i)}" for i in bad_inputs)
+            inputs = (f"; the cached features of {named} (cache {self.reader.cache_dir}) hold NaN/Inf "
+                      "(check the cache: specft info --verify)")
+        elif loss_bad or grad_bad:
+            named = ", ".join(f"{self.reader.indices[i]} ({self.reader.shard_of(i)})" for i in samples)
+            inputs = f"; the batch held samples {named}, whose cached features are finite"
         raise SpecftError(f"training stopped at step {step + 1}: {what} is not finite{where}{inputs}")
 
-    def _inputs_not_finite(self, samples: list[int]) -> bool:
-        batch = [self.reader[i] for i in samples]
-        return any(not torch.isfinite(s[k]).all() for s in batch for k in ("aux_hidden", "final_hidden") if k in s)
+    def _inputs_not_finite(self, samples: list[int]) -> list[int]:
+        """The samples of a batch whose cached features hold NaN/Inf."""
+        return [i for i in samples if any(not torch.isfinite(self.reader[i][k]).all()
+                                          for k in ("aux_hidden", "final_hidden"))]
 
     def _train_step(self, step: int) -> dict:
         results, tokens = [], 0

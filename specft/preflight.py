@@ -1,0 +1,104 @@
+"""Checks that run before a command writes anything.
+
+A refused command must change nothing: every input a job reads is checked here, from the
+composed config, before Hydra creates the run directory and before config.yaml is
+written. Each check runs the code the job itself will run (the data is loaded as stage 1
+loads it), so what passes here does not fail later for the same reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from specft.config import DataConfig, ModelConfig, RootConfig
+from specft.errors import SpecftError
+from specft.paths import models_dir, require_writable_dir, specft_home
+
+# Model sources that read model.path (target/loader.py MODEL_SOURCES); the others build
+# or convert their model under SPECFT_HOME and would ignore it.
+SOURCES_READING_PATH = ("hf", "gguf")
+
+
+def check_model_path(model: ModelConfig) -> None:
+    """model.path names a directory that exists when it is a local path, and is given
+    only to models that read it."""
+    if model.source not in SOURCES_READING_PATH:
+        if model.path:
+            raise SpecftError(f"model.path: model={model.name} is built by specft (source={model.source}) and "
+                              "reads no model.path; for a local checkpoint use a model config with source=hf "
+                              "(e.g. model=qwen3_8b model.path=DIR)")
+        return
+    if model.source == "gguf" and model.gguf_file and Path(model.gguf_file).is_absolute():
+        if not Path(model.gguf_file).is_file():
+            raise SpecftError(f"model.gguf_file: no such file: {model.gguf_file}")
+        return
+    if not model.path:
+        raise SpecftError(f"model.path: model={model.name} needs model.path (a local checkpoint directory or a hub id)")
+    path = Path(model.path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise SpecftError(f"model.path: {model.path} is a file; give the checkpoint's directory")
+        if model.source == "hf" and not (path / "config.json").is_file():
+            raise SpecftError(f"model.path: {model.path} holds no config.json; give a Hugging Face checkpoint directory")
+        return
+    if _looks_local(model.path):
+        raise SpecftError(f"model.path: no such directory: {model.path}")
+
+
+def _looks_local(value: str) -> bool:
+    """A hub id is 'org/name': anything else (absolute, ./, ~, deeper paths) is a path."""
+    return value.startswith(("/", ".", "~")) or value.count("/") != 1
+
+
+def eval_prompt_data(data: DataConfig, num_prompts: int) -> DataConfig:
+    """The data config `specft eval` reads prompts with: answers are not read (open
+    slots allowed, no answer-length filter), so no prompt is left out for its answer."""
+    return dataclasses.replace(data, num_samples=num_prompts, min_response_chars=0,
+                               regenerate=dataclasses.replace(data.regenerate, enabled=True))
+
+
+def check_data(root: RootConfig, command: str) -> None:
+    """The job's local data files load and yield conversations (missing, empty, not
+    JSON, no usable record: one line naming the file). Sources that download are left
+    to the job."""
+    from specft.data import check_data_files, load_conversations, mix_members
+    from specft.data.sources import DATA_SOURCES
+
+    data = root.data
+    check_data_files(data)
+    members = mix_members(data) if data.name == "mix" else [data]
+    if not all(getattr(DATA_SOURCES.get(m.name, "data.name"), "reads_file", False) or m.name == "synthetic"
+               for m in members):
+        return
+    load_conversations(eval_prompt_data(data, root.eval.num_prompts) if command == "eval" else data)
+
+
+def check_writable_places(root: RootConfig, command: str) -> None:
+    from specft.target.loader import local_build_dir
+
+    if command == "eval":
+        require_writable_dir(root.eval.out_dir or Path(root.run_dir) / "eval", "eval.out_dir")
+    else:
+        require_writable_dir(root.run_dir, "run_dir (runs/ under the working directory by default)")
+        require_writable_dir(root.cache.dir or root.cache.root, "cache.dir" if root.cache.dir else "cache.root")
+    build_dir = local_build_dir(root.model)
+    if build_dir is not None and not build_dir.is_dir():
+        require_writable_dir(models_dir(), "SPECFT_HOME (where specft builds local models)")
+
+
+def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None:
+    """Every check a job's inputs must pass, cheapest first; raises SpecftError."""
+    from specft.rundir import check_resume
+
+    specft_home()
+    check_model_path(root.model)
+    check_writable_places(root, command)
+    check_data(root, command)
+    if command != "eval":
+        check_resume(Path(root.run_dir), cfg_dict)
+    checkpoints = Path(root.run_dir) / "checkpoints"
+    if command == "train" and root.trainer.resume and checkpoints.is_dir():
+        from specft.train.checkpoint import latest_tag
+
+        latest_tag(checkpoints)  # a pointer to a checkpoint that is gone: refused before any write
