@@ -34,7 +34,7 @@ def check_model_path(model: ModelConfig) -> None:
             raise SpecftError(f"model.gguf_file: no such file: {model.gguf_file}")
         return
     if not model.path:
-        raise SpecftError(f"model.path: model={model.name} needs model.path (a local checkpoint directory or a hub id)")
+        return  # validate.py refuses an hf model without a path; gguf may name an absolute file
     path = Path(model.path).expanduser()
     if path.exists():
         if not path.is_dir():
