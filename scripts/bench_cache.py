@@ -26,7 +26,7 @@ from specft.cache.writer import CacheWriter, _pad_batch, build_provenance
 from specft.config import aux_layer_ids
 from specft.data import DataSummary, load_conversations, tokenize_all
 from specft.quant import apply_quant
-from specft.target import FeatureCapture, load_target, load_tokenizer
+from specft.target_model import FeatureCapture, load_target, load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from helpers import root_cfg  # noqa: E402  (composes conf/ exactly as the CLI does)

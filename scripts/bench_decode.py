@@ -94,7 +94,7 @@ def _configs(quant: str):
 
 def quantized_target(quant: str, calib: list[list[int]], dtype: str = "float32"):
     from specft.quant import apply_quant, calibrate
-    from specft.target import load_target
+    from specft.target_model import load_target
 
     mcfg, qcfg = _configs(quant)
     mcfg.dtype = dtype
@@ -282,7 +282,7 @@ def profile_rows(timer: PhaseTimer, total_s: float) -> list[dict]:
 def bare_forward(model, prompts, new_tokens: int) -> dict:
     from transformers import DynamicCache
 
-    from specft.target.loader import left_pad
+    from specft.target_model.loader import left_pad
 
     ids, valid = left_pad(prompts, 0)
     cache = DynamicCache()
@@ -338,7 +338,7 @@ def regenerate_path(model, tokenizer, prompts, new_tokens: int) -> dict:
 def eval_path(model, tokenizer, prompts, new_tokens: int, draft=None, k: int = 0) -> dict:
     from specft.decoding import SpecDecoder
     from specft.decoding.draft import ChainRunner
-    from specft.target.loader import stop_token_ids
+    from specft.target_model.loader import stop_token_ids
 
     runner = ChainRunner(draft) if draft is not None else None
     decoder = SpecDecoder(model, runner, [1, 14, 26] if draft is not None else None,
@@ -562,7 +562,7 @@ def main() -> None:
         from specft.device import resolve_dtype
 
         args.dtype = resolve_dtype("auto")
-    from specft.target import load_tokenizer
+    from specft.target_model import load_tokenizer
 
     mcfg, _ = _configs("bf16")
     batches = [int(b) for b in args.batches.split(",")]

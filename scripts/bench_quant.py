@@ -63,7 +63,7 @@ def bench_throughput(rows: int, cols: int, reps: int) -> list[dict]:
 
 
 def bench_forward(quant_names: list[str], batch: int, seq: int, reps: int) -> list[dict]:
-    from specft.target import load_target
+    from specft.target_model import load_target
 
     from helpers import model_cfg, quant_cfg  # conf/ as the CLI composes it
 

@@ -34,7 +34,7 @@ def resharded_copy(model: str, shard_mb: int, tmp: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specft.cli import compose
-    from specft.target.loader import MODEL_SOURCES
+    from specft.target_model.loader import MODEL_SOURCES
     from specft.validate import to_schema
 
     cfg = compose([f"model={model}"])
@@ -54,7 +54,7 @@ def worker(args: argparse.Namespace) -> None:
     from specft.cli import compose
     from specft.launch import set_single_rank_env
     from specft.quant import apply_quant
-    from specft.target.sharding import editing, place_target
+    from specft.target_model.sharding import editing, place_target
     from specft.validate import to_schema
 
     set_single_rank_env()

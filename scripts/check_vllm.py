@@ -54,7 +54,7 @@ def save_mxfp4_weights(cfg, out: Path) -> Path:
     saved as a plain checkpoint (once)."""
     from specft.quant import apply_quant
     from specft.quant.config import QuantConfig, load_quant_config
-    from specft.target import load_target
+    from specft.target_model import load_target
 
     if (out / "config.json").exists():
         return out
@@ -77,8 +77,8 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     from specft.decoding.draft import ChainRunner
     from specft.eval.drafts import load_draft, share_target_embedding
     from specft.eval.runner import load_prompts
-    from specft.target import load_target
-    from specft.target.loader import stop_token_ids
+    from specft.target_model import load_target
+    from specft.target_model.loader import stop_token_ids
 
     model_cfg = replace(cfg.model, source="hf", path=str(target_dir), gguf_file=None)
     target, tokenizer = load_target(model_cfg, dtype=torch.float32)

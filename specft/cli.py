@@ -125,7 +125,7 @@ def validate_overrides(overrides: list[str], command: str | None = None, multiru
         OmegaConf.update(cfg, "run_dir", run_dir, force_add=True)
         if command in JOB_COMMANDS:
             _absolute_paths(cfg)
-            check_before_writing(to_schema(cfg), OmegaConf.to_container(cfg), command)
+            check_before_writing(to_schema(cfg), OmegaConf.to_container(cfg, resolve=True), command)
         else:
             to_schema(cfg)
     return len(combos)

@@ -254,6 +254,15 @@ def register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=RootConfig)
     if not OmegaConf.has_resolver("specft_dirname"):
         OmegaConf.register_new_resolver("specft_dirname", job_dir_name)
+    if not OmegaConf.has_resolver("specft_model_name"):
+        OmegaConf.register_new_resolver("specft_model_name", model_name_from_path)
+
+
+def model_name_from_path(path: str | None) -> str:
+    """model=hf's name: the checkpoint folder's name (runs/ and cache/ are named by it)."""
+    from pathlib import Path
+
+    return Path(str(path)).expanduser().name if path else "hf"
 
 
 JOB_DIR_MAX_CHARS = 96

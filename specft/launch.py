@@ -19,12 +19,14 @@ def free_port() -> int:
 
 
 def set_single_rank_env() -> None:
-    """DeepSpeed needs these in-process, or it falls back to MPI discovery."""
+    """DeepSpeed needs these in-process, or it falls back to MPI discovery. The port is
+    always a fresh one: a MASTER_PORT inherited from a process that ran a job before (an
+    in-process run sets it in os.environ) may still be held by that job's store."""
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ["MASTER_PORT"] = str(free_port())
 
 
 def barrier(world_size: int) -> None:

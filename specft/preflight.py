@@ -46,6 +46,31 @@ def check_model_path(model: ModelConfig) -> None:
         raise SpecftError(f"model.path: no such directory: {model.path}")
 
 
+def check_checkpoint_quant(root: RootConfig) -> None:
+    """quant=checkpoint runs a local quantized checkpoint; an emulated format on a
+    checkpoint that is already quantized would quantize it twice."""
+    from specft.quantized_checkpoints import detect_family, open_checkpoint
+
+    model, quant = root.model, root.quant
+    local = model.source == "hf" and model.path and Path(model.path).expanduser().is_dir()
+    if quant.from_checkpoint:
+        if not local:
+            raise SpecftError(f"quant=checkpoint: runs the quantized checkpoint in model.path; give a local "
+                              f"checkpoint directory (model={model.name} has source={model.source}, "
+                              f"path={model.path})")
+        if open_checkpoint(Path(model.path).expanduser()) is None:
+            raise SpecftError(f"quant=checkpoint: {model.path} is not a quantized checkpoint (its config.json has "
+                              "no quantization_config); name a format to emulate instead, e.g. quant=fp8 (bf16: none)")
+        if root.cache.sharding != "none":
+            raise SpecftError("cache.sharding: a quantized checkpoint (quant=checkpoint) loads on one rank for now; "
+                              "use cache.sharding=none")
+        return
+    family = detect_family(Path(model.path).expanduser()) if local else None
+    if family is not None:
+        raise SpecftError(f"quant={quant.name}: {model.path} is already quantized ({family.name}); quantizing it "
+                          "again would emulate a model nobody serves; use quant=checkpoint to run it as it is served")
+
+
 def _looks_local(value: str) -> bool:
     """A hub id is 'org/name': anything else (absolute, ./, ~, deeper paths) is a path."""
     return value.startswith(("/", ".", "~")) or value.count("/") != 1
@@ -75,7 +100,7 @@ def check_data(root: RootConfig, command: str) -> None:
 
 
 def check_writable_places(root: RootConfig, command: str) -> None:
-    from specft.target.loader import local_build_dir
+    from specft.target_model.loader import local_build_dir
 
     if command == "eval":
         require_writable_dir(root.eval.out_dir or Path(root.run_dir) / "eval", "eval.out_dir")
@@ -93,6 +118,7 @@ def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None
 
     specft_home()
     check_model_path(root.model)
+    check_checkpoint_quant(root)
     check_writable_places(root, command)
     check_data(root, command)
     if command != "eval":

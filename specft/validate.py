@@ -35,13 +35,17 @@ from specft.errors import ConfigError
 from specft.quant.config import load_quant_config
 from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
 from specft.quant.formats import ELEMENT_FORMATS, IntFormat
-from specft.target.sharding import SHARDINGS
+from specft.target_model.facts import fill_model_facts
+from specft.target_model.sharding import SHARDINGS
 from specft.train.losses import LOSSES
 from specft.train.target_head import HEAD_PLACEMENTS
 
 
 def to_schema(cfg: DictConfig | dict) -> RootConfig:
     """Merge a composed config onto the schema (type-checks every field) and validate."""
+    if isinstance(cfg, dict):
+        cfg = OmegaConf.create(cfg)
+    fill_model_facts(cfg)  # model=hf: facts from the checkpoint's config.json
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
         root: RootConfig = OmegaConf.to_object(merged)

@@ -11,7 +11,7 @@ from specft.config import aux_layer_ids
 from specft.data import load_samples
 from specft.errors import SpecftError
 from specft.quant import apply_quant
-from specft.target import FeatureCapture, load_target
+from specft.target_model import FeatureCapture, load_target
 
 from helpers import root_cfg
 
@@ -89,7 +89,7 @@ def test_interrupted_cache_resumes_to_the_same_result(tmp_path, monkeypatch):
 def test_complete_cache_is_reused_without_the_target(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path)
     first = ensure_cache(cfg)
-    import specft.target as target_mod
+    import specft.target_model as target_mod
 
     monkeypatch.setattr(target_mod, "load_target", lambda *a, **k: pytest.fail("target loaded"))
     assert ensure_cache(cfg) == first

@@ -17,7 +17,7 @@ from specft.data import (
 )
 from specft.data.template import render
 from specft.errors import SpecftError
-from specft.target.tiny import build_tokenizer
+from specft.target_model.tiny import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from specft.data.template import prompt_ids
 from specft.decoding.kv_cache import InPlaceCache
 from specft.quant import apply_quant
 from specft.quant.apply import SharedInput
-from specft.target import load_target
+from specft.target_model import load_target
 
 from helpers import quant_cfg, root_cfg
 

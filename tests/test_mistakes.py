@@ -230,7 +230,7 @@ def test_disk_full_while_caching_is_one_line_and_the_rerun_resumes(tmp_path):
 def test_disk_estimate_is_the_real_size_in_a_unit_that_fits(tmp_path):
     from specft.cache.writer import CacheWriter
     from specft.data import load_samples
-    from specft.target import load_tokenizer
+    from specft.target_model import load_tokenizer
 
     for dtype in ("fp32", "bf16", "fp8"):
         cfg = root_cfg("model=tiny_qwen3", "data.num_samples=16", f"cache.dtype={dtype}",
@@ -283,7 +283,7 @@ def test_multirun_fail_fast_skips_the_jobs_after_a_failure(tmp_path):
 
 def test_eval_prompts_are_not_filtered_by_their_reference_answers(tmp_path):
     from specft.eval.runner import load_prompts
-    from specft.target import load_tokenizer
+    from specft.target_model import load_tokenizer
 
     rows = [{"question_id": i, "turns": [f"question {i}?"], "reference": ["4"] if i % 2 else []} for i in range(10)]
     rows.append({"question_id": 99, "turns": []})  # no question: left out, and counted

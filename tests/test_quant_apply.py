@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specft.quant import apply_quant, fake_quant
-from specft.target import load_target
+from specft.target_model import load_target
 
 from helpers import model_cfg, quant_cfg
 

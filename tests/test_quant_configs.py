@@ -9,7 +9,7 @@ import torch
 
 from specft.errors import ConfigError
 from specft.quant import TensorQuantSpec, apply_quant, calibrate, fake_quant, fake_quant_ste
-from specft.target import load_target
+from specft.target_model import load_target
 
 from helpers import CONF, model_cfg, quant_cfg, root_cfg
 

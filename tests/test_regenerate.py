@@ -10,7 +10,7 @@ from specft.data import DataSummary, load_conversations
 from specft.data.regenerate import generate_batch, regenerate, store_path
 from specft.data.template import prompt_ids
 from specft.quant import apply_quant
-from specft.target import load_target, load_tokenizer
+from specft.target_model import load_target, load_tokenizer
 
 from helpers import root_cfg
 

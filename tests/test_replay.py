@@ -8,7 +8,7 @@ from specft.decoding import SpecDecoder
 from specft.decoding.draft import ChainRunner
 from specft.decoding.engine import RoundCounts
 from specft.drafts import DraftHeadConfig, Eagle3Draft
-from specft.target.features import FeatureCapture
+from specft.target_model.features import FeatureCapture
 from specft.train.losses import MixtureLoss
 from specft.train.objective import TargetView, ttt_objective
 from specft.train.replay import answer_spans, replay_sample, step_hits

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from specft.cache import CacheReader
 from specft.errors import ConfigError
-from specft.target.sharding import Lockstep, place_target
+from specft.target_model.sharding import Lockstep, place_target
 
 from conftest import run_cli
 from helpers import root_cfg, run_ranks
@@ -134,7 +134,7 @@ def test_ranks_building_a_tiny_model_at_once_publish_it_whole(tmp_path):
     """Under a process group transformers saves weights on rank 0 only; rank 1 used to
     publish a dir with just the tokenizer, and every later load failed."""
 
-    from specft.target.tiny import build_tiny
+    from specft.target_model.tiny import build_tiny
 
     out = tmp_path / "tiny_qwen3"
     run_ranks("tiny_build_worker.py", 2, str(out))

@@ -14,7 +14,7 @@ from specft.decoding.draft import ChainRunner, TargetAsDraft
 from specft.decoding.sampling import warp
 from specft.drafts import DraftHeadConfig, Eagle3Draft, MtpDraft
 from specft.quant import apply_quant
-from specft.target import load_target, load_tokenizer
+from specft.target_model import load_target, load_tokenizer
 
 from helpers import root_cfg
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from specft.target.tiny import build_tiny
+from specft.target_model.tiny import build_tiny
 
 from helpers import root_cfg
 

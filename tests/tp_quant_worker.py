@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from specft.quant import apply_quant
-from specft.target.sharding import editing, place_target
+from specft.target_model.sharding import editing, place_target
 
 from helpers import root_cfg
 

@@ -33,7 +33,7 @@ def _calibration_batches(samples, n: int):
 
 def locate_cache(cfg: RootConfig):
     """(cache dir, provenance, tokenizer) for this config, without loading the model."""
-    from specft.target import load_tokenizer
+    from specft.target_model import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
     provenance = build_provenance(cfg, tokenizer)
@@ -48,9 +48,9 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
     from specft.data import report as data_report
     from specft.data.regenerate import regenerate
     from specft.quant import apply_quant, calibrate
-    from specft.target import FeatureCapture
-    from specft.target.loader import target_facts
-    from specft.target.sharding import editing, place_target
+    from specft.target_model import FeatureCapture
+    from specft.target_model.loader import target_facts
+    from specft.target_model.sharding import editing, place_target
 
     cache_dir, provenance, tokenizer = locate_cache(cfg)
     if rank == 0 and cache_dir.is_dir():

@@ -46,7 +46,7 @@ TOKEN_COUNTS = "token_counts.safetensors"
 
 
 def build_provenance(cfg: RootConfig, tokenizer) -> dict:
-    from specft.target.loader import checkpoint_fingerprint
+    from specft.target_model.loader import checkpoint_fingerprint
 
     m = cfg.model
     return {
@@ -104,7 +104,7 @@ class CacheWriter:
 
     def __init__(self, cfg: RootConfig, cache_dir: Path, provenance: dict,
                  rank: int = 0, world_size: int = 1, writes: bool = True, lockstep=None):
-        from specft.target.sharding import Lockstep
+        from specft.target_model.sharding import Lockstep
 
         self.cfg, self.cache_dir, self.provenance = cfg, cache_dir, provenance
         self.rank, self.world_size, self.writes = rank, world_size, writes

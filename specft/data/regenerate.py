@@ -22,7 +22,7 @@ from specft.config import DataConfig, RegenerateConfig
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
 from specft.progress import progress_bar
-from specft.target.loader import left_pad, stop_token_ids
+from specft.target_model.loader import left_pad, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def regenerate(model, tokenizer, convs: list[Conversation], cfg: DataConfig, cac
                writes: bool = True, lockstep=None) -> list[Conversation | None]:
     """Answer this data slice's conversations (``rank`` of ``world_size`` slices); see
     CacheWriter for ``writes`` and ``lockstep``."""
-    from specft.target.sharding import Lockstep
+    from specft.target_model.sharding import Lockstep
 
     lockstep = lockstep or Lockstep(False)
     try:

@@ -11,7 +11,7 @@ import torch
 from specft.decoding.draft import ChainRunner
 from specft.decoding.sampling import SamplingConfig, sample, verify_greedy, verify_sampling, warp
 from specft.decoding.target import TargetRunner
-from specft.target.loader import left_pad
+from specft.target_model.loader import left_pad
 
 
 @dataclass

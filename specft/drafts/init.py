@@ -40,7 +40,7 @@ def copy_layer_(draft_layer: nn.Module, target_layer: nn.Module, input_norm: str
 
 def load_target_layer(model_cfg, index: int | None) -> nn.Module:
     """Decoder layer ``index`` (null: the last) of the target's 16-bit checkpoint."""
-    from specft.target import load_target
+    from specft.target_model import load_target
 
     model, _ = load_target(model_cfg)
     layers = model.get_decoder().layers

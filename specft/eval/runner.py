@@ -45,7 +45,7 @@ def load_prompts(cfg: RootConfig, tokenizer) -> tuple[list[list[int]], dict[str,
 
 def load_quantized_target(cfg: RootConfig, prompts: list[list[int]], dtype: torch.dtype):
     from specft.quant import apply_quant, calibrate
-    from specft.target import load_target
+    from specft.target_model import load_target
 
     model, _ = load_target(cfg.model)
     report = apply_quant(model, cfg.quant)
@@ -145,8 +145,8 @@ def _record(label: str, k: int, batch: int, st: DecodeStats, weights: int, promp
 def run_eval(cfg: RootConfig) -> Path:
     from specft.eval.drafts import share_target_embedding
     from specft.eval.report import write_reports
-    from specft.target import load_tokenizer
-    from specft.target.loader import stop_token_ids
+    from specft.target_model import load_tokenizer
+    from specft.target_model.loader import stop_token_ids
 
     e = cfg.eval
     out_dir = Path(e.out_dir or Path(cfg.run_dir) / "eval").expanduser().resolve()

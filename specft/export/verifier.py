@@ -33,7 +33,7 @@ def verifier_facts(folder: Path, draft_config: dict) -> dict:
 def _from_run_config(folder: Path) -> dict:
     """Resolve the target from the run's config.yaml (as the cache did) and read its
     config.json when it is a local directory."""
-    from specft.target.loader import MODEL_SOURCES
+    from specft.target_model.loader import MODEL_SOURCES
     from specft.validate import to_schema
 
     run_yaml = folder / "config.yaml"

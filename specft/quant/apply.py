@@ -98,6 +98,7 @@ class QuantReport:
     layers: list[LayerReport] = field(default_factory=list)
     quantizers: list[ActivationQuantizer] = field(default_factory=list, repr=False)
     kv_quantized: bool = False
+    checkpoint: dict | None = None  # quant=checkpoint: the family, its scheme(s), each layer's
 
     @property
     def quantized(self) -> list[LayerReport]:
@@ -112,12 +113,18 @@ class QuantReport:
         mean = sum(errs) / len(errs) if errs else 0.0
         kept = ", ".join(r.name for r in self.kept) or "none"
         kv = "; KV cache quantized" if self.kv_quantized else ""
+        if self.checkpoint is not None:
+            return (f"{self.checkpoint['family']} checkpoint ({self.checkpoint['summary']}): "
+                    f"{len(self.quantized)} quantized layers; kept in high precision: {kept}")
         return (f"quantized {len(self.quantized)} layers (mean weight rel. MSE {mean:.3e}); "
                 f"kept in high precision: {kept}{kv}")
 
     def to_dict(self) -> dict:
-        return {"layers": [vars(r) for r in self.layers], "kv_quantized": self.kv_quantized,
-                "static_scales": [float(q.scale) for q in self.quantizers if q.scale is not None]}
+        out = {"layers": [vars(r) for r in self.layers], "kv_quantized": self.kv_quantized,
+               "static_scales": [float(q.scale) for q in self.quantizers if q.scale is not None]}
+        if self.checkpoint is not None:
+            out["checkpoint"] = self.checkpoint
+        return out
 
 
 def _rel_mse(ref: torch.Tensor, q: torch.Tensor) -> float:
@@ -218,6 +225,8 @@ def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> Quant
     in high precision. Returns what was quantized and the weight error per layer; static
     activation scales still need ``calibrate``. ``edit`` gives each weight's full tensor
     (one parameter at a time when the model is sharded)."""
+    if cfg.from_checkpoint:
+        return apply_checkpoint_quant(model)
     report = QuantReport()
     if cfg.weight is None and cfg.activation is None and cfg.kv is None:
         return report
@@ -255,6 +264,26 @@ def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> Quant
             report.layers.append(LayerReport(name, "experts", err))
     if cfg.kv is not None:
         _install_kv_quant(model, cfg.kv, report)
+    return report
+
+
+def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
+    """quant=checkpoint: the weights were dequantized when the checkpoint loaded
+    (target loader); here each quantized layer gets the input quantization the checkpoint
+    records. The report names every layer's scheme (quant_report.json, specft info)."""
+    ckpt = getattr(model, "specft_checkpoint", None)
+    if ckpt is None:
+        raise ConfigError("quant=checkpoint: the target was not loaded from a quantized checkpoint")
+    report = QuantReport(checkpoint=ckpt.to_dict())
+    for name, module in model.named_modules():
+        layer = ckpt.layers.get(name)
+        if layer is None:
+            if isinstance(module, nn.Linear):
+                report.layers.append(LayerReport(name, "kept"))
+            continue
+        if layer.quantize_input is not None:
+            module.register_forward_pre_hook(lambda m, args, q=layer.quantize_input: (q(args[0]), *args[1:]))
+        report.layers.append(LayerReport(name, "linear"))
     return report
 
 

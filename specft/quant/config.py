@@ -19,10 +19,13 @@ class QuantConfig:
     exclude: list[str] = field(default_factory=lambda: ["lm_head", "*embed_tokens*", "*.mlp.gate"])
     # Samples run through the model to calibrate static (dynamic: false) activation scales.
     calibration_samples: int = 16
+    # quant=checkpoint: nothing is emulated; the target runs as its quantized checkpoint
+    # (model.path) says it is served (specft/quantized_checkpoints/).
+    from_checkpoint: bool = False
 
     @property
     def is_noop(self) -> bool:
-        return self.weight is None and self.activation is None and self.kv is None
+        return self.weight is None and self.activation is None and self.kv is None and not self.from_checkpoint
 
     @property
     def needs_calibration(self) -> bool:

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from specft.config import ModelConfig
-from specft.target.local_checkpoint import ensure_checkpoint_dir
+from specft.target_model.local_checkpoint import ensure_checkpoint_dir
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 

@@ -13,9 +13,10 @@ from specft.config import ModelConfig
 from specft.device import resolve_dtype
 from specft.errors import ConfigError
 from specft.paths import models_dir
+from specft.quantized_checkpoints import open_checkpoint
 from specft.registry import Registry
-from specft.target.local_checkpoint import ensure_checkpoint_dir
-from specft.target.tiny import build_tiny, tiny_dir_name
+from specft.target_model.local_checkpoint import ensure_checkpoint_dir
+from specft.target_model.tiny import build_tiny, tiny_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +112,44 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
     where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     dtype = dtype or getattr(torch, resolve_dtype(cfg.dtype))
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs, **placement)
+    checkpoint = open_checkpoint(where) if cfg.source == "hf" else None
+    if checkpoint is not None:
+        if placement:
+            raise ConfigError("cache.sharding: a quantized checkpoint (quant=checkpoint) loads on one rank for "
+                              "now; use cache.sharding=none")
+        model = _load_quantized_checkpoint(where, checkpoint, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs, **placement)
     _check_architecture(cfg, model.config)
     model.eval().requires_grad_(False)
     head = model.get_output_embeddings()
     if head is not None:
         head.register_forward_pre_hook(_contiguous_input)
     return model, _tokenizer_from(where, kwargs)
+
+
+def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype):
+    """The model of a quantized checkpoint with its weights dequantized by specft (the
+    format's own arithmetic, quantized_checkpoints/), not by transformers, which would
+    need the quantizer's package and may run activations in full precision. The
+    checkpoint rides on the model for apply_quant (quant=checkpoint)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(where)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = checkpoint.load_state(model, dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        what = sorted(set(missing) - tied) or sorted(unexpected)
+        raise ConfigError(f"model.path: the checkpoint at {where} does not fit its model "
+                          f"({'missing' if set(missing) - tied else 'unexpected'} {what[0]})")
+    model.tie_weights()
+    model.specft_checkpoint = checkpoint
+    log.info("target: %s checkpoint at %s (%s)", checkpoint.family, where, checkpoint.summary)
+    return model
 
 
 def _contiguous_input(module, args):

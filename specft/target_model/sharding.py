@@ -80,7 +80,7 @@ class PlacedTarget:
 
 
 def _from_pretrained(cfg: RootConfig, **kwargs):
-    from specft.target.loader import load_target
+    from specft.target_model.loader import load_target
 
     return load_target(cfg.model, **kwargs)
 

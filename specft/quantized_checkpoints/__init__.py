@@ -1,0 +1,60 @@
+"""Quantized checkpoints as they are served: ``quant=checkpoint``.
+
+A quantizer (llm-compressor, ModelOpt, msModelSlim, llama.cpp's tools) writes a checkpoint
+whose files say how it is served: low-bit weights with their scales, and how activations
+(and the KV cache) are quantized at run time. specft runs that model, not its own
+emulation of the nominal format: each format family (one module here, registered in
+CHECKPOINT_FORMATS) detects its files, dequantizes the weights exactly as the format
+defines them, and installs the run-time activation quantization the checkpoint records.
+
+Families a user may meet but specft does not run yet are registered too, so that such a
+checkpoint is named in one line with the supported ones instead of loading wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specft.errors import SpecftError
+from specft.quantized_checkpoints.base import (
+    CHECKPOINT_FORMATS,
+    CheckpointQuant,
+    FormatFamily,
+    read_config,
+)
+
+
+def detect_family(model_dir: str | Path) -> FormatFamily | None:
+    """The format family whose files are in ``model_dir``; None for an unquantized
+    checkpoint (or a hub id, which is not read here)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        return None
+    for name in CHECKPOINT_FORMATS.names:
+        family = CHECKPOINT_FORMATS.get(name)
+        if family.detect(model_dir):
+            return family
+    return None
+
+
+def supported() -> list[str]:
+    return [n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).supported]
+
+
+def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
+    """What the checkpoint at ``model_dir`` quantizes, parsed and checked; None when it
+    is not quantized. An unsupported family or scheme is one line naming it."""
+    family = detect_family(model_dir)
+    if family is None:
+        return None
+    if not family.supported:
+        raise SpecftError(f"quant=checkpoint: {model_dir} is a {family.name} checkpoint, which specft cannot "
+                          f"run yet; supported: {', '.join(supported())} (docs/checkpoints.md)")
+    return family.open(Path(model_dir))
+
+
+# The families register themselves on import.
+from specft.quantized_checkpoints import compressed_tensors, others  # noqa: E402,F401,I001
+
+__all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "detect_family", "open_checkpoint",
+           "read_config", "supported"]

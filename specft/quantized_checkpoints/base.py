@@ -1,0 +1,65 @@
+"""What every quantized-checkpoint format family provides."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specft.errors import SpecftError
+from specft.registry import Registry
+
+CHECKPOINT_FORMATS: Registry = Registry("quantized checkpoint format")
+
+
+def read_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SpecftError(f"model.path: cannot read {path} ({err})") from None
+
+
+@dataclass
+class LayerQuant:
+    """One quantized layer as the checkpoint serves it."""
+
+    name: str
+    weight: str  # e.g. "int4 group 32 asymmetric"
+    activation: str | None  # e.g. "int8 token dynamic", None: 16-bit inputs
+    # x -> x quantized and dequantized as the serving kernel sees it (None: not quantized)
+    quantize_input: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+@dataclass
+class CheckpointQuant:
+    """A quantized checkpoint opened: its family, the layers it quantizes, and how to
+    get the dense weights the model computes with."""
+
+    family: str
+    model_dir: Path
+    summary: str  # one line: the scheme(s), e.g. "float-quantized: fp8 channel weights, fp8 token dynamic inputs"
+    ignored: list[str] = field(default_factory=list)
+    layers: dict[str, LayerQuant] = field(default_factory=dict)
+    load_state: Callable[[nn.Module, torch.dtype], dict[str, torch.Tensor]] | None = None
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, "summary": self.summary, "ignored": self.ignored,
+                "layers": {n: {"weight": q.weight, "activation": q.activation} for n, q in self.layers.items()}}
+
+
+class FormatFamily:
+    """One family: ``detect`` looks at the files, ``open`` parses them."""
+
+    name: str = ""
+    supported: bool = True
+
+    def detect(self, model_dir: Path) -> bool:
+        raise NotImplementedError
+
+    def open(self, model_dir: Path) -> CheckpointQuant:
+        raise NotImplementedError
