@@ -49,21 +49,35 @@ def checkpoint_facts(model_dir: Path) -> dict:
     return {k: v for k, v in facts.items() if v is not None}
 
 
+def _unset(model: DictConfig, key: str) -> bool:
+    """Left for the checkpoint to say: missing, null, family auto, or the schema's
+    default (0 experts, untied): a YAML '???' cannot override a default in a merge."""
+    if key not in model or OmegaConf.is_missing(model, key):
+        return True
+    value = model.get(key)
+    return value is None or (key == "family" and value == FAMILY_AUTO) or \
+        (key in ("num_experts", "experts_top_k", "tie_word_embeddings") and not value)
+
+
 def fill_model_facts(cfg: DictConfig) -> None:
     """Fill the model facts left unset (or family: auto) from model.path, when it is a
     local checkpoint directory."""
     model = cfg.get("model")
     if model is None or model.get("source") != "hf":
         return
-    wanted = [k for k in (*FACT_KEYS, "family") if k not in model or OmegaConf.is_missing(model, k)
-              or (k == "family" and model.get(k) == FAMILY_AUTO)]
+    wanted = [k for k in (*FACT_KEYS, "family") if _unset(model, k)]
     if not wanted:
         return
     path = None if OmegaConf.is_missing(model, "path") else model.get("path")
+    model_dir = Path(str(path)).expanduser() if path else None
+    if model_dir is None or not (model_dir / "config.json").is_file():
+        required = [k for k in wanted if k not in model or OmegaConf.is_missing(model, k) or
+                    (k == "family" and model.get(k) == FAMILY_AUTO)]
+        if not required:  # defaults only (a hub id with every fact in its YAML)
+            return
     if not path:
         raise ConfigError(f"model.path: model={model.get('name')} reads its architecture from a local "
                           "checkpoint; give model.path=DIR")
-    model_dir = Path(str(path)).expanduser()
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"model.path: {path} is not a checkpoint directory (no config.json); model="
                           f"{model.get('name')} reads {wanted[0]} and the other facts from it")
