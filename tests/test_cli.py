@@ -30,7 +30,7 @@ def _cache_dirs(root: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("override, field, allowed", [
-    ("quant=foo", "quant", "bf16, fp8, fp8_block"),
+    ("quant=foo", "quant", "bf16, checkpoint, fp8, fp8_block"),
     ("model.aux_layer_ids=[1,3,99]", "model.aux_layer_ids", "0..7"),
     ("trainer.zero_stage=7", "trainer.zero_stage", "0, 1, 2, 3"),
     ("loss=nope", "loss", "kl"),

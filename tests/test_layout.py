@@ -93,5 +93,10 @@ def test_every_shipped_option_composes_and_validates(group, option):
         extra = ["data.mix=[{name: gsm8k, path: a.jsonl, num_samples: 3}]"]
     if group == "trainer" and option == "multinode":  # the hostfile must exist
         extra = [f"trainer.hostfile={CONF / 'trainer' / 'hostfile.example'}"]
+    checkpoints = PACKAGE.parent / "tests" / "fixtures" / "checkpoints" / "tiny_qwen3"
+    if (group, option) == ("model", "hf"):  # facts come from a checkpoint
+        extra = [f"model.path={checkpoints / 'fp8_dynamic'}", "quant=checkpoint"]
+    if (group, option) == ("quant", "checkpoint"):
+        extra = ["model=hf", f"model.path={checkpoints / 'fp8_dynamic'}"]
     cfg = root_cfg(f"{group}={option}", *extra)
     assert getattr(cfg, group) is not None

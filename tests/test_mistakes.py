@@ -84,6 +84,27 @@ def test_a_cache_whose_shards_disagree_with_its_layout_is_refused(tmp_path):
         ensure_cache(_cache_cfg(tmp_path, "c", per_shard=4))
 
 
+def test_a_target_that_overflows_is_refused_before_the_shard_is_written(tmp_path, monkeypatch):
+    import specft.target_model as target_model
+
+    real, calls = target_model.FeatureCapture.__call__, []
+
+    def overflowing(self, ids, attn):
+        aux, final = real(self, ids, attn)
+        calls.append(1)
+        if len(calls) == 2:  # the second batch: the first shard is already complete
+            final[0, 0, 0] = float("inf")
+        return aux, final
+
+    monkeypatch.setattr(target_model.FeatureCapture, "__call__", overflowing)
+    cfg = root_cfg("model=tiny_qwen3", "data.num_samples=12", "cache.samples_per_shard=4", "cache.batch_size=4",
+                   f"cache.dir={tmp_path / 'c'}")
+    with pytest.raises(SpecftError, match=r"hidden states for sample \d+ are not finite"):
+        ensure_cache(cfg)
+    assert [p.name for p in (tmp_path / "c").glob("shard-*")] == ["shard-r000-000000.safetensors"]
+    assert not (tmp_path / "c" / "manifest.json").exists()
+
+
 def test_a_cache_listing_a_sample_twice_is_refused_when_opened(tmp_path):
     cache = ensure_cache(_cache_cfg(tmp_path, "c", per_shard=4))
     manifest = json.loads((cache / "manifest.json").read_text())

@@ -41,7 +41,10 @@ NOT_KEYED: dict[type, dict[str, str]] = {
     } | {"aux_layer_ids": "keyed resolved, as the provenance's aux_layer_ids"},
     DataConfig: {},
     RegenerateConfig: {},
-    QuantConfig: {},
+    # Only conf/quant/checkpoint.yaml sets it, whose name is keyed; what the checkpoint
+    # quantizes is in the checkpoint fingerprint (its config.json and weight files).
+    # Keying it would rename every existing cache.
+    QuantConfig: {"from_checkpoint": "keyed by the quant name (checkpoint) and the checkpoint fingerprint"},
     TensorQuantSpec: {},
 }
 

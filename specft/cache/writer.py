@@ -190,6 +190,7 @@ class CacheWriter:
                 n = len(s.input_ids)
                 aux_parts[j] = aux[row, :n].float()
                 final_parts[j] = final[row, :n].float()
+                self._require_finite(aux_parts[j], final_parts[j], indices[j])
             bar.update(int(attn.sum()))
         lengths = torch.tensor([len(samples[i].input_ids) for i in indices])
         return {
@@ -200,6 +201,15 @@ class CacheWriter:
             "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
             "sample_index": torch.tensor(indices, dtype=torch.long),
         }
+
+    def _require_finite(self, aux: torch.Tensor, final: torch.Tensor, index: int) -> None:
+        """A cache never stores NaN/Inf: stage 2 would train on them, or stop far from
+        the cause. Refused before the shard is written (finished shards stay)."""
+        if torch.isfinite(aux).all() and torch.isfinite(final).all():
+            return
+        raise SpecftError(f"cache: the target's hidden states for sample {index} are not finite (NaN/Inf) under "
+                          f"quant={self.cfg.quant.name}, model.dtype={self.cfg.model.dtype}; nothing was stored for "
+                          "it. A wider dtype (model.dtype=float32) or another quant config avoids an overflow")
 
     def _save_shard(self, tensors: dict[str, torch.Tensor], file: str, progress: dict) -> None:
         """Write one shard (temp name, then rename) and record it in the progress file.
