@@ -19,6 +19,17 @@ ShareGPT sample's held-out side at the largest batch (each row decodes as it wou
 up to float32 effects of padding), latency at the smallest batch on GSM8K at --latency-k.
 Everything goes through the CLI; every step resumes (caches, checkpoints, finished evals
 are reused), and <out-dir>/summary.md and summary.json are rewritten after each eval.
+
+Real quantized checkpoints (docs/checkpoints.md) are targets too: --targets names them,
+and a part may name a target wherever it names a quant. Each entry is NAME=checkpoint:DIR
+(the checkpoint, run as served: model=hf quant=checkpoint; its eval also evaluates the
+draft of the target given as :COMPARE after DIR) or NAME=emulate:QUANT (specft's RTN
+emulation on SmolLM2, with overrides after ';'). The question of docs/checkpoints.md, on
+a GPTQ W4A16 checkpoint made by scripts/make_checkpoints.py:
+
+    python scripts/quant_alignment.py --out-dir runs/ckpt_study --qat-quants '' \
+        --targets 'rtn_w4a16=emulate:w4a16;quant.weight.block_size=32,gptq_w4a16=checkpoint:ckpts/w4a16_g32_gptq:rtn_w4a16' \
+        --parts base,rtn_w4a16-ours,gptq_w4a16-ours,gptq_w4a16-eval
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ class Experiment:
         self.steps = Steps(self.out, f"walls-{args.parts.replace(',', '_')}.json")
         self.timed = self.steps.run
         self.base = self.out / "base-bf16"
+        self.targets = dict(t.split("=", 1) for t in args.targets.split(",") if t)
 
     def train_data(self) -> list[str]:
         a = self.args
@@ -48,11 +60,26 @@ class Experiment:
                 f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
                 "data.max_seq_len=512", f"cache.root={a.cache_root.resolve() if a.cache_root else self.out / 'cache'}"]
 
+    def target(self, name: str) -> list[str]:
+        """The model and quant overrides of a target: a quant name on SmolLM2, or a --targets entry."""
+        kind, _, spec = self.targets.get(name, f"emulate:{name}").partition(":")
+        if kind == "checkpoint":
+            path = spec.split(":")[0]
+            return ["model=hf", f"model.path={Path(path).resolve()}", "quant=checkpoint"]
+        quant, *overrides = spec.split(";")
+        return ["model=smollm2_135m", f"quant={quant}", *overrides]
+
+    def compared(self, name: str) -> str | None:
+        """A checkpoint target's emulated counterpart, whose draft its eval includes."""
+        kind, _, spec = self.targets.get(name, "").partition(":")
+        parts = spec.split(":")
+        return parts[1] if kind == "checkpoint" and len(parts) > 1 and parts[1] else None
+
     def train(self, name: str, quant: str, run_dir: Path, *extra: str) -> None:
         a = self.args
         # Validation replays decoding on the held-out prompts eval decodes (the target's own
         # answers), so every run's log predicts its eval.
-        args = ["train", "model=smollm2_135m", f"quant={quant}", *self.train_data(), f"draft.ttt_steps={a.ttt_steps}",
+        args = ["train", *self.target(quant), *self.train_data(), f"draft.ttt_steps={a.ttt_steps}",
                 f"draft.vocab_size={a.vocab_size}", f"draft.vocab_fill={a.vocab_fill}",
                 f"trainer.max_steps={a.steps}", f"trainer.save_every={min(a.save_every, a.steps)}",
                 "trainer.val_data=heldout", f"trainer.val_samples={a.val_samples or a.eval_prompts}",
@@ -62,6 +89,9 @@ class Experiment:
 
     def draft_dirs(self, quant: str) -> list[tuple[str, Path]]:
         drafts = [("baseline_16bit", self.base), ("specft", self.out / f"ours-{quant}")]
+        emulated = self.compared(quant)
+        if emulated:
+            drafts.insert(1, ("specft_emulated", self.out / f"ours-{emulated}"))
         if quant in self.args.qat_quants.split(","):
             drafts.append(("specft_qat", self.out / f"ours-{quant}-qat"))
         return drafts
@@ -82,7 +112,7 @@ class Experiment:
         for data, ks, batch, prompts in runs:
             path, fraction = heldout[data]
             out = self.out / f"eval-{quant}-{data}-b{batch}"
-            args = ["eval", "model=smollm2_135m", f"quant={quant}", f"data={data}", f"data.path={path}",
+            args = ["eval", *self.target(quant), f"data={data}", f"data.path={path}",
                     "data.split=validation", f"data.val_fraction={fraction}", f"eval.num_prompts={prompts}",
                     f"eval.max_new_tokens={a.eval_tokens}", f"eval.k=[{ks}]", f"eval.batch_sizes=[{batch}]",
                     f"eval.drafts=[{','.join(str(p) for _, p in drafts)}]",
@@ -260,6 +290,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="every training's seed (init, data order, prior sampling); "
                    "a replicate under another seed can reuse the caches (--cache-root): they do not depend on it")
     p.add_argument("--cache-root", type=Path, default=None, help="default: <out-dir>/cache")
+    p.add_argument("--targets", default="",
+                   help="NAME=checkpoint:DIR[:COMPARE] or NAME=emulate:QUANT[;override...], comma-separated: "
+                        "targets a part may name beside the quant names (names without '-')")
     p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
     p.add_argument("--sharegpt", type=Path, default=SHARED / "sharegpt_sample" / "conversations.json")
     args = p.parse_args()

@@ -187,3 +187,37 @@ def test_an_unsupported_scheme_inside_a_supported_format_is_one_line():
     with pytest.raises(SpecftError, match="int16"):
         CTArgs.parse({"num_bits": 16, "type": "int"}, "group_0.weights")
     assert open_checkpoint(FIXTURES / "fp8_dynamic").family == "compressed-tensors"
+
+
+# -- the user's path: train, eval beside the 16-bit recipe's draft, export ------------------
+
+def test_train_eval_and_export_against_a_checkpoint(tmp_path):
+    from conftest import run_cli
+
+    ckpt = FIXTURES / "w8a8_int8_sq_gptq"
+    target = ["model=hf", f"model.path={ckpt}", "quant=checkpoint"]
+    small = ["data.num_samples=8", "trainer.max_steps=2"]
+    run_cli(["train", "model=tiny_qwen3", "quant=bf16", *small, "hydra.run.dir=runs/base"], cwd=tmp_path)
+    run_cli(["train", *target, *small], cwd=tmp_path)
+    ours = tmp_path / "runs" / "w8a8_int8_sq_gptq-checkpoint-eagle3-kl"
+    assert json.loads((ours / "checkpoints" / "final" / "draft_config.json").read_text())["quant"] == "checkpoint"
+    # the 16-bit recipe's draft (trained on tiny_qwen3) meets the checkpoint made from it
+    run_cli(["eval", *target, f"eval.drafts=[{tmp_path / 'runs/base'},{ours}]", "eval.labels=[base,ours]",
+             "eval.k=[2]", "eval.num_prompts=2", "eval.max_new_tokens=6", f"eval.out_dir={tmp_path / 'eval'}"],
+            cwd=tmp_path)
+    rows = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert sorted(r["draft"] for r in rows) == ["base", "ours", "target alone"]
+    run_cli(["export", str(ours), str(tmp_path / "export"), "--layout", "speculators"], cwd=tmp_path)
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(ckpt)
+
+
+def test_a_draft_of_another_width_is_still_refused_against_a_checkpoint():
+    from specft.eval.runner import check_draft_matches_target
+
+    cfg = root_cfg("model=hf", f"model.path={FIXTURES / 'fp8_dynamic'}", "quant=checkpoint")
+    same = {"target_model": "tiny_qwen3", "target_hidden_size": 64, "aux_layer_ids": [1, 3, 4],
+            "target_vocab_size": 2048}
+    check_draft_matches_target(same, cfg, "base")  # named after the 16-bit model: allowed
+    with pytest.raises(SpecftError, match="hidden size 576"):
+        check_draft_matches_target({**same, "target_hidden_size": 576}, cfg, "other")

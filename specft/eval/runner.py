@@ -78,9 +78,12 @@ def _load_drafts(cfg: RootConfig, dtype) -> list[tuple[str, object, dict]]:
 
 def check_draft_matches_target(meta: dict, cfg: RootConfig, path: str) -> None:
     """A draft meets only the target it was trained for: same model, width, aux layers and
-    vocabulary (its quant may differ: that is the 16-bit baseline's case)."""
+    vocabulary (its quant may differ: that is the 16-bit baseline's case). A quantized
+    checkpoint (quant=checkpoint) is named after its folder, not after the model it was
+    made from, so against one the architecture facts decide alone."""
     m = cfg.model
-    facts = [("model", meta.get("target_model"), m.name),
+    named = [] if cfg.quant.from_checkpoint else [("model", meta.get("target_model"), m.name)]
+    facts = [*named,
              ("hidden size", meta.get("target_hidden_size"), m.hidden_size),
              ("aux layers", meta.get("aux_layer_ids"), aux_layer_ids(m)),
              ("vocabulary", meta.get("target_vocab_size"), m.vocab_size)]
