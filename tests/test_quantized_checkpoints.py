@@ -102,6 +102,11 @@ def test_the_stage1_cache_of_a_checkpoint_holds_the_librarys_hidden_states(tmp_p
     assert cfg.model.name == name and cfg.model.num_layers == 8
     reader = CacheReader(ensure_cache(cfg))
     oracle, _ = check_checkpoints.oracle_model(FIXTURES / name)
+    from specft.cache.info import describe
+
+    text, _ = describe(reader.cache_dir)
+    assert ("quant      checkpoint: compressed-tensors (int-quantized: int8 channel weights, int8 tensor inputs), "
+            "56 layers quantized, ignored ['lm_head']") in text
     report = json.loads((reader.cache_dir / "quant_report.json").read_text())
     assert report["checkpoint"]["family"] == "compressed-tensors"
     assert report["checkpoint"]["layers"]["model.layers.0.mlp.down_proj"] == {

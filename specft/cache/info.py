@@ -43,8 +43,7 @@ def describe(cache_dir: str | Path, verify: bool = False) -> tuple[str, list[Dam
         f"cache      {d} ({state})",
         f"model      {prov['model']['name']} ({prov['model']['family']}, {prov['model']['num_layers']} layers, "
         f"hidden {prov['model']['hidden_size']}, vocab {prov['model']['vocab_size']})",
-        f"quant      {q['name']} (weight {_spec(q['weight'])}, activation {_spec(q['activation'])}, "
-        f"kv {_spec(q.get('kv'))})",
+        _quant_line(d, q),
         f"layers     aux {prov['aux_layer_ids']} + final post-norm hidden",
         f"data       {prov['data']['name']} {prov['data']['path'] or ''} (num_samples {prov['data']['num_samples']}, "
         f"max_seq_len {prov['data']['max_seq_len']}, seed {prov['data']['seed']})",
@@ -54,6 +53,18 @@ def describe(cache_dir: str | Path, verify: bool = False) -> tuple[str, list[Dam
         *(f"damaged    {x.file}: {x.why}" for x in damage),
     ]
     return "\n".join(lines), damage
+
+
+def _quant_line(d: Path, q: dict) -> str:
+    """The emulated specs, or (quant=checkpoint) the checkpoint's family and schemes as
+    the build recorded them in quant_report.json."""
+    report = d / "quant_report.json"
+    checkpoint = read_json(report).get("checkpoint") if report.exists() else None
+    if checkpoint:
+        return (f"quant      {q['name']}: {checkpoint['family']} ({checkpoint['summary']}), "
+                f"{len(checkpoint['layers'])} layers quantized, ignored {checkpoint['ignored'] or 'none'}")
+    return (f"quant      {q['name']} (weight {_spec(q['weight'])}, activation {_spec(q['activation'])}, "
+            f"kv {_spec(q.get('kv'))})")
 
 
 def _spec(spec: dict | None) -> str:
