@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specft.disk import disk_full_line, is_disk_full
+from specft.disk import is_disk_full, job_disk_full_line
 from specft.errors import ConfigError, ReportedError, SpecftError
 from specft.logs import setup_logging
 from specft.paths import conf_dir
@@ -198,8 +198,7 @@ def _task(command: str, tally: JobTally | None = None):
         except Exception as err:
             if not is_disk_full(err):
                 raise
-            print(f"error: {disk_full_line(str(hydra_cfg.get('run_dir')), 'finished checkpoints and cache shards are kept')}",
-                  file=sys.stderr)
+            print(f"error: {job_disk_full_line(str(hydra_cfg.get('run_dir')))}", file=sys.stderr)
             raise SystemExit(2) from None
         if tally is not None:
             tally.finished.append(_job_name())

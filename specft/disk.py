@@ -39,3 +39,9 @@ def is_disk_full(err: BaseException | None) -> bool:
 def disk_full_line(where: str, kept: str, resume: str = "rerun the same command to resume") -> str:
     """The one line for a full disk: where it happened, what is kept, what to do."""
     return f"disk full while writing {where}; {kept}; free some space, then {resume}"
+
+
+def job_disk_full_line(where: str) -> str:
+    """The last resort, for a write no site names (metrics, answers, an export): every
+    finished shard and checkpoint is renamed into place whole, so they are kept."""
+    return disk_full_line(where, "finished checkpoints and cache shards are kept")

@@ -83,10 +83,18 @@ def eval_prompt_data(data: DataConfig, num_prompts: int) -> DataConfig:
                                regenerate=dataclasses.replace(data.regenerate, enabled=True))
 
 
+# Data configs this process has loaded already: the CLI checks every job before Hydra
+# runs, and the job checks again once Hydra resolved it; a large file loads once.
+_DATA_LOADED: set[str] = set()
+
+
 def check_data(root: RootConfig, command: str) -> None:
     """The job's local data files load and yield conversations (missing, empty, not
     JSON, no usable record: one line naming the file). Sources that download are left
     to the job."""
+    import json
+
+    from specft.cache.key import cache_key
     from specft.data import check_data_files, load_conversations, mix_members
     from specft.data.sources import DATA_SOURCES
 
@@ -96,7 +104,11 @@ def check_data(root: RootConfig, command: str) -> None:
     if not all(getattr(DATA_SOURCES.get(m.name, "data.name"), "reads_file", False) or m.name == "synthetic"
                for m in members):
         return
-    load_conversations(eval_prompt_data(data, root.eval.num_prompts) if command == "eval" else data)
+    data = eval_prompt_data(data, root.eval.num_prompts) if command == "eval" else data
+    key = json.dumps(cache_key(data), sort_keys=True)
+    if key not in _DATA_LOADED:
+        load_conversations(data)
+        _DATA_LOADED.add(key)  # only once it loaded: a refused file is checked again
 
 
 def check_writable_places(root: RootConfig, command: str) -> None:

@@ -45,11 +45,8 @@ def check_resume(run_dir: Path, current: dict) -> None:
         return
     if not checkpoints.is_dir() or not any(checkpoints.iterdir()):
         return
-    try:
-        stored = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        stored = None
-    if not isinstance(stored, dict):
+    stored = read_stored_config(path)
+    if stored is None:
         raise SpecftError(f"run_dir: {path} is damaged; the run's checkpoints cannot be matched to a config "
                           "(give another run dir, or trainer.resume=false to train from scratch there)")
     conflicts = resume_conflicts(stored, current)
@@ -60,13 +57,19 @@ def check_resume(run_dir: Path, current: dict) -> None:
                           "use another run dir (hydra.run.dir=...) or trainer.resume=false")
 
 
-def same_run_config(path: Path, current: dict) -> bool:
-    """True when ``path`` holds this config already, ``meta`` (git SHA, argv) aside."""
+def read_stored_config(path: Path) -> dict | None:
+    """A run's config.yaml as a dict; None when it is missing or damaged."""
     try:
         stored = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    if not isinstance(stored, dict):
+        return None
+    return stored if isinstance(stored, dict) else None
+
+
+def same_run_config(path: Path, current: dict) -> bool:
+    """True when ``path`` holds this config already, ``meta`` (git SHA, argv) aside."""
+    stored = read_stored_config(path)
+    if stored is None:
         return False
     strip = lambda c: {k: v for k, v in c.items() if k != "meta"}  # noqa: E731
     return strip(stored) == strip(current)

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from specft.config import RootConfig
-from specft.disk import disk_full_line, is_disk_full
+from specft.disk import is_disk_full, job_disk_full_line
 from specft.errors import SpecftError
 from specft.validate import to_schema
 
@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if not is_disk_full(err):
             raise
-        print(f"error: {disk_full_line(args.config, 'finished checkpoints and cache shards are kept')}",
-              file=sys.stderr)
+        print(f"error: {job_disk_full_line(args.config)}", file=sys.stderr)
         return 2
     return 0
 

@@ -59,6 +59,12 @@ class ActivationQuantizer:
             raise RuntimeError("static activation scale used before calibration")
         return fake_quant(x, self.spec, self.scale.to(x.device))
 
+    @property
+    def share_key(self):
+        """Equal keys quantize a tensor identically (SharedInput); None: always run (a
+        static scale of its own, or a tensor-parallel reduction)."""
+        return self.spec_key if self.spec.dynamic and self.shard_group is None else None
+
     def freeze(self) -> None:
         self.calibrating = False
         self.scale = static_scale(self.amax, self.spec)
@@ -69,16 +75,17 @@ class SharedInput:
 
     Holds the last input (a reference, so its identity cannot be reused) with its version
     counter and quantized copy; a call on the same, unmodified tensor with an equal
-    dynamic spec returns that copy. Static or tensor-parallel quantizers always run: each
-    keeps its own scale or reduction."""
+    ``share_key`` returns that copy. Quantizers whose key is None (static or
+    tensor-parallel ones: each keeps its own scale or reduction) always run. Any
+    quantizer with a ``share_key`` may use it: emulated formats and a checkpoint's alike."""
 
     def __init__(self):
         self.x = self.version = self.key = self.out = None
 
-    def __call__(self, quant: ActivationQuantizer, x: torch.Tensor) -> torch.Tensor:
-        if not quant.spec.dynamic or quant.shard_group is not None:
+    def __call__(self, quant, x: torch.Tensor) -> torch.Tensor:
+        key = quant.share_key
+        if key is None:
             return quant(x)
-        key = quant.spec_key
         if x is self.x and x._version == self.version and key == self.key:
             return self.out
         out = quant(x)
@@ -275,6 +282,7 @@ def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
     if ckpt is None:
         raise ConfigError("quant=checkpoint: the target was not loaded from a quantized checkpoint")
     report = QuantReport(checkpoint=ckpt.to_dict())
+    shared = SharedInput()
     for name, module in model.named_modules():
         layer = ckpt.layers.get(name)
         if layer is None:
@@ -282,7 +290,7 @@ def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
                 report.layers.append(LayerReport(name, "kept"))
             continue
         if layer.quantize_input is not None:
-            module.register_forward_pre_hook(lambda m, args, q=layer.quantize_input: (q(args[0]), *args[1:]))
+            module.register_forward_pre_hook(lambda m, args, q=layer.quantize_input: (shared(q, args[0]), *args[1:]))
         report.layers.append(LayerReport(name, "linear"))
     return report
 

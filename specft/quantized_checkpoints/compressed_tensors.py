@@ -22,6 +22,7 @@ against that library in tests/test_quantized_checkpoints.py:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,6 +173,12 @@ class InputQuantizer:
     def __init__(self, args: CTArgs, scale: torch.Tensor | None = None):
         self.args, self.scale = args, scale
 
+    @property
+    def share_key(self):
+        """q/k/v (and gate/up) read one tensor: dynamic scales from it are the same for
+        each, so SharedInput quantizes it once; static scales are per layer."""
+        return ("compressed-tensors", *vars(self.args).values()) if self.args.dynamic else None
+
     def qparams(self, x: torch.Tensor) -> torch.Tensor:
         a = self.args
         if not a.dynamic:
@@ -213,8 +220,6 @@ class ConfigGroup:
 
 
 def _matches(pattern: str, name: str, module: nn.Module) -> bool:
-    import re
-
     if pattern.startswith("re:"):
         return re.match(pattern[3:], name) is not None
     return pattern in (name, type(module).__name__)

@@ -9,33 +9,38 @@ from pathlib import Path
 from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, FormatFamily, read_config
 
 
-class _ByQuantMethod(FormatFamily):
+class ByQuantMethod(FormatFamily):
+    """Known by ``quantization_config.quant_method`` in config.json."""
+
     supported = False
-    quant_methods: tuple[str, ...] = ()
+
+    def __init__(self, name: str, method: str):
+        self.name, self.method = name, method
 
     def detect(self, model_dir: Path) -> bool:
         if not (model_dir / "config.json").is_file():
             return False
-        method = (read_config(model_dir).get("quantization_config") or {}).get("quant_method")
-        return method in self.quant_methods
+        return (read_config(model_dir).get("quantization_config") or {}).get("quant_method") == self.method
 
 
-class _ByFile(FormatFamily):
+class ByFile(FormatFamily):
+    """Known by a file of its own beside the weights."""
+
     supported = False
-    pattern = ""
+
+    def __init__(self, name: str, pattern: str):
+        self.name, self.pattern = name, pattern
 
     def detect(self, model_dir: Path) -> bool:
         return any(model_dir.glob(self.pattern))
 
 
-def _register(name: str, cls: type, **attrs) -> None:
-    CHECKPOINT_FORMATS.register(name)(type(name, (cls,), {"name": name, **attrs})())
-
-
-_register("hf-fp8", _ByQuantMethod, quant_methods=("fp8",))  # Qwen3-*-FP8: block-wise FP8
-_register("hf-mxfp4", _ByQuantMethod, quant_methods=("mxfp4",))  # gpt-oss
-for _method in ("gptq", "awq", "autoround", "bitsandbytes", "hqq", "quark"):  # transformers' other loaders
-    _register(_method, _ByQuantMethod, quant_methods=(_method,))
-_register("modelopt", _ByFile, pattern="hf_quant_config.json")
-_register("msmodelslim", _ByFile, pattern="quant_model_description*.json")
-_register("gguf", _ByFile, pattern="*.gguf")
+# quant_method -> the family's name: Qwen3-*-FP8 block-wise FP8, gpt-oss MXFP4, and
+# transformers' other loaders
+for method, name in (("fp8", "hf-fp8"), ("mxfp4", "hf-mxfp4"), ("gptq", "gptq"), ("awq", "awq"),
+                     ("autoround", "autoround"), ("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"),
+                     ("quark", "quark")):
+    CHECKPOINT_FORMATS.register(name)(ByQuantMethod(name, method))
+for name, pattern in (("modelopt", "hf_quant_config.json"), ("msmodelslim", "quant_model_description*.json"),
+                      ("gguf", "*.gguf")):
+    CHECKPOINT_FORMATS.register(name)(ByFile(name, pattern))

@@ -5,13 +5,13 @@ on the command line win; the loader still checks them against the checkpoint."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from specft.config import MODEL_FAMILIES
 from specft.errors import ConfigError
+from specft.quantized_checkpoints.base import read_config
 
 # ModelConfig field -> config.json keys, first present wins (Qwen3-MoE: per-expert width)
 FACT_KEYS = {
@@ -31,11 +31,7 @@ FAMILY_AUTO = "auto"
 
 def checkpoint_facts(model_dir: Path) -> dict:
     """ModelConfig facts from a checkpoint's config.json (text config of a multimodal one)."""
-    path = model_dir / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"model.path: cannot read {path} ({err})") from None
+    raw = read_config(model_dir)
     raw = raw.get("text_config", raw)
     facts = {field: next((raw[k] for k in keys if raw.get(k) is not None), None) for field, keys in FACT_KEYS.items()}
     if facts["head_dim"] is None and facts["hidden_size"] and facts["num_heads"]:
@@ -49,14 +45,18 @@ def checkpoint_facts(model_dir: Path) -> dict:
     return {k: v for k, v in facts.items() if v is not None}
 
 
+def _required(model: DictConfig, key: str) -> bool:
+    """A fact the config does not have at all (missing, or family: auto)."""
+    return key not in model or OmegaConf.is_missing(model, key) or (key == "family" and model.get(key) == FAMILY_AUTO)
+
+
 def _unset(model: DictConfig, key: str) -> bool:
-    """Left for the checkpoint to say: missing, null, family auto, or the schema's
-    default (0 experts, untied): a YAML '???' cannot override a default in a merge."""
-    if key not in model or OmegaConf.is_missing(model, key):
+    """Left for the checkpoint to say: required, null, or the schema's default (0
+    experts, untied), since a YAML '???' cannot override a default in a merge."""
+    if _required(model, key):
         return True
     value = model.get(key)
-    return value is None or (key == "family" and value == FAMILY_AUTO) or \
-        (key in ("num_experts", "experts_top_k", "tie_word_embeddings") and not value)
+    return value is None or (key in ("num_experts", "experts_top_k", "tie_word_embeddings") and not value)
 
 
 def fill_model_facts(cfg: DictConfig) -> None:
@@ -71,9 +71,7 @@ def fill_model_facts(cfg: DictConfig) -> None:
     path = None if OmegaConf.is_missing(model, "path") else model.get("path")
     model_dir = Path(str(path)).expanduser() if path else None
     if model_dir is None or not (model_dir / "config.json").is_file():
-        required = [k for k in wanted if k not in model or OmegaConf.is_missing(model, k) or
-                    (k == "family" and model.get(k) == FAMILY_AUTO)]
-        if not required:  # defaults only (a hub id with every fact in its YAML)
+        if not any(_required(model, k) for k in wanted):  # defaults only: a hub id with its facts in YAML
             return
     if not path:
         raise ConfigError(f"model.path: model={model.get('name')} reads its architecture from a local "
