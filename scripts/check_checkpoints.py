@@ -47,10 +47,19 @@ def oracle_model(model_dir: Path):
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), \
-            "transformers + compressed-tensors forward"
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     except RuntimeError:  # e.g. packed zero points transformers does not size
         return _decompressed_plain(model_dir), "compressed-tensors decompressor, plain forward"
+    # The library decompresses on the first forward (a pre-hook), FP4 weights to bfloat16
+    # whatever dtype it was asked for: a hook after its own brings them to float32.
+    model.register_forward_pre_hook(_bfloat16_params_to_float32)
+    return model.eval(), "transformers + compressed-tensors forward"
+
+
+def _bfloat16_params_to_float32(model, args):
+    for param in model.parameters():
+        if param.dtype == torch.bfloat16:
+            param.data = param.data.float()
 
 
 def _decompressed_plain(model_dir: Path):

@@ -67,6 +67,15 @@ def _recipes():
         "w8a16_g32": (lambda: [QuantizationModifier(config_groups={"group_0": _scheme(
             {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32})},
             ignore=ignore)], False),
+        # FP4 (E2M1) weights in groups of 16 with FP8 scales under a global scale; FP4 inputs
+        # with dynamic group scales under a calibrated global one (the NVFP4 preset)
+        "nvfp4": (lambda: [QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=ignore)], True),
+        # the same weights, 16-bit inputs
+        "nvfp4a16": (lambda: [QuantizationModifier(targets="Linear", scheme="NVFP4A16", ignore=ignore)], False),
+        # FP4 (E2M1) weights in groups of 32 with power-of-two (E8M0) scales, dynamic FP4
+        # inputs in groups of 32 (the OCP MX preset)
+        "mxfp4": (lambda: [QuantizationModifier(targets="Linear", scheme="MXFP4", ignore=ignore)], False),
+        "mxfp4a16": (lambda: [QuantizationModifier(targets="Linear", scheme="MXFP4A16", ignore=ignore)], False),
     }
 
 

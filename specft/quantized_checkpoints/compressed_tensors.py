@@ -2,9 +2,13 @@
 ModelOpt can export to): ``quantization_config.quant_method == "compressed-tensors"``.
 
 Supported here: the formats ``float-quantized`` (FP8 weights per tensor, channel or
-block), ``int-quantized`` and ``naive-quantized`` (INT8 weights), and ``pack-quantized``
-(INT1-8 weights packed into int32, per channel or group, with packed zero points), with
-16-bit, dynamic or static symmetric activations per tensor, token or group.
+block), ``int-quantized`` and ``naive-quantized`` (INT8 weights), ``pack-quantized``
+(INT1-8 weights packed into int32, per channel or group, with packed zero points),
+``nvfp4-pack-quantized`` (FP4 E2M1 weights in groups of 16, FP8 group scales under a
+global scale) and ``mxfp4-pack-quantized`` (FP4 weights in groups of 32, E8M0
+power-of-two scales), with 16-bit, dynamic or static symmetric activations per tensor,
+token or group (FP4 inputs: NVFP4's dynamic group scales under a calibrated global one,
+MX's dynamic power-of-two group scales).
 
 The arithmetic is the format's own (compressed_tensors/quantization/lifecycle), written
 out here so that specft needs no compressed-tensors at run time, and checked bit for bit
@@ -12,9 +16,13 @@ against that library in tests/test_quantized_checkpoints.py:
 
 - weights: ``(q - zero_point) * scale`` in the scale's dtype, the scale broadcast over
   its channel, group or block, then cast to the model's dtype;
-- a symmetric scale is ``amax / (range / 2)`` (INT8: /127.5, not /127; FP8: /448), a zero
-  scale becomes the dtype's eps, values are ``x / scale`` clamped to the range and rounded
-  (INT: half to even; FP8: a cast to float8_e4m3fn), all in the activation's dtype;
+- a symmetric scale is ``amax / (range / 2)`` (INT8: /127.5, not /127; FP8: /448; FP4:
+  /6), a zero scale becomes the dtype's eps, values are ``x / scale`` clamped to the range
+  and rounded (INT: half to even; FP8: a cast to float8_e4m3fn; FP4: nearest E2M1 value,
+  ties to even, which is specft's e2m1 rounding), all in the activation's dtype;
+- NVFP4 group scales are taken times the global scale, rounded to FP8 (a zero one
+  becomes 0.125) and divided by it again, in float32; MX group scales are 2**e with e
+  from the group's amax rounded to the element's mantissa width (specft's "even" MX rule);
 - dynamic "token" scales reduce every dim but the first two (a [B, T, H] input: per
   token), as the library does.
 """
@@ -32,6 +40,8 @@ from safetensors import safe_open
 from torch import nn
 
 from specft.errors import SpecftError
+from specft.quant.fake_quant import mx_shared_exponent
+from specft.quant.formats import get_format
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,
@@ -41,8 +51,11 @@ from specft.quantized_checkpoints.base import (
 )
 
 QUANT_METHOD = "compressed-tensors"
-WEIGHT_FORMATS = ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized")
+FP4_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
+WEIGHT_FORMATS = ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized", *FP4_FORMATS)
 FP8_MAX = 448.0  # float8_e4m3fn
+FLOAT_ELEMENTS = {8: get_format("e4m3"), 4: get_format("e2m1")}
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # a code's low three bits
 # Tensors a quantized Linear stores beside (or instead of) its weight.
 QUANT_TENSORS = ("weight_scale", "weight_zero_point", "weight_packed", "weight_shape", "weight_g_idx",
                  "input_scale", "input_zero_point", "weight_global_scale", "input_global_scale")
@@ -59,6 +72,7 @@ class CTArgs:
     group_size: int | None = None
     block_structure: tuple[int, int] | None = None
     dynamic: bool = False
+    scale_dtype: str | None = None  # e.g. "torch.uint8": MX's E8M0 exponents
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> CTArgs:
@@ -66,24 +80,34 @@ class CTArgs:
                    symmetric=bool(raw.get("symmetric", True)), strategy=raw.get("strategy", "tensor"),
                    group_size=raw.get("group_size"),
                    block_structure=tuple(raw["block_structure"]) if raw.get("block_structure") else None,
-                   dynamic=raw.get("dynamic") in (True, "local"))
-        supported = {("int", n) for n in range(1, 9)} | {("float", 8)}
+                   dynamic=raw.get("dynamic") in (True, "local"), scale_dtype=raw.get("scale_dtype"))
+        supported = {("int", n) for n in range(1, 9)} | {("float", 8), ("float", 4)}
         if (args.type, args.num_bits) not in supported:
             raise SpecftError(f"quant=checkpoint: {where} is {args.type}{args.num_bits}, which specft cannot run "
-                              "yet; supported: int1-8 and float8 (e4m3)")
+                              "yet; supported: int1-8, float8 (e4m3) and float4 (e2m1)")
         return args
+
+    @property
+    def is_mx(self) -> bool:
+        """OCP MX: float elements in groups of 32 under E8M0 (uint8) exponents."""
+        return self.type == "float" and self.group_size == 32 and str(self.scale_dtype).endswith("uint8")
+
+    @property
+    def element(self):
+        """specft's element format for float codes (None for int)."""
+        return FLOAT_ELEMENTS[self.num_bits] if self.type == "float" else None
 
     @property
     def q_range(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The library's (q_min, q_max), float32 scalars."""
         if self.type == "float":
-            return torch.tensor(-FP8_MAX), torch.tensor(FP8_MAX)
+            return torch.tensor(-self.element.max_value), torch.tensor(self.element.max_value)
         half = 2.0 ** self.num_bits / 2
         return torch.tensor(-half), torch.tensor(half - 1)
 
     def describe(self) -> str:
-        kind = "fp8" if self.type == "float" else f"int{self.num_bits}"
-        shape = {"group": f"group {self.group_size}",
+        kind = ("mx" if self.is_mx else "") + (f"fp{self.num_bits}" if self.type == "float" else f"int{self.num_bits}")
+        shape = {"group": f"group {self.group_size}", "tensor_group": f"group {self.group_size} (+ global scale)",
                  "block": f"block {'x'.join(map(str, self.block_structure or ()))}"}.get(self.strategy, self.strategy)
         return f"{kind} {shape}" + ("" if self.symmetric else " asymmetric") + (" dynamic" if self.dynamic else "")
 
@@ -92,6 +116,8 @@ def round_to_grid(x: torch.Tensor, args: CTArgs) -> torch.Tensor:
     """Clamp to the range, round onto the grid, back in x's dtype."""
     lo, hi = args.q_range
     x = torch.clamp(x, lo, hi)
+    if args.type == "float" and args.num_bits == 4:
+        return args.element.round(x)
     rounded = x.to(torch.float8_e4m3fn) if args.type == "float" else torch.round(x)
     return rounded.to(x.dtype)
 
@@ -109,10 +135,18 @@ def unpack_int32(packed: torch.Tensor, num_bits: int, count: int) -> torch.Tenso
     return torch.from_numpy(values.astype(np.int8))
 
 
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Two E2M1 codes per byte, the low nibble first; bit 3 of a code is its sign.
+    Returns bfloat16 [rows, 2 * bytes], as the library's unpacking does."""
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+    values = E2M1_VALUES[(codes & 0x07).long()] * torch.where((codes & 0x08).bool(), -1.0, 1.0)
+    return values.to(torch.bfloat16)
+
+
 def expected_scale_shape(args: CTArgs, out: int, inp: int) -> tuple[int, ...]:
     if args.strategy == "channel":
         return (out, 1)
-    if args.strategy == "group":
+    if args.strategy in ("group", "tensor_group"):
         return (out, -(-inp // args.group_size))
     if args.strategy == "block":
         b0, b1 = args.block_structure
@@ -123,7 +157,7 @@ def expected_scale_shape(args: CTArgs, out: int, inp: int) -> tuple[int, ...]:
 def broadcast_scale(t: torch.Tensor, args: CTArgs, shape: tuple[int, int]) -> torch.Tensor:
     """A per-group/block parameter repeated to the weight's shape (channel and tensor
     parameters broadcast as they are)."""
-    if args.strategy == "group":
+    if args.strategy in ("group", "tensor_group"):
         return t.repeat_interleave(args.group_size, dim=1)[:, : shape[1]]
     if args.strategy == "block":
         b0, b1 = args.block_structure
@@ -132,7 +166,9 @@ def broadcast_scale(t: torch.Tensor, args: CTArgs, shape: tuple[int, int]) -> to
 
 
 def dequantize_weight(tensors: dict[str, torch.Tensor], args: CTArgs, fmt: str, name: str) -> torch.Tensor:
-    """The dense weight of one layer, in its scale's dtype."""
+    """The dense weight of one layer, in its scale's dtype (FP4: bfloat16)."""
+    if fmt in FP4_FORMATS:
+        return _dequantize_fp4(tensors, args, fmt, name)
     scale = _need(tensors, "weight_scale", name)
     if fmt == "pack-quantized":
         shape = tuple(int(v) for v in _need(tensors, "weight_shape", name).tolist())
@@ -140,10 +176,7 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], args: CTArgs, fmt: str, 
     else:
         q = _need(tensors, "weight", name)
         shape = tuple(q.shape)
-    want = expected_scale_shape(args, *shape)
-    if tuple(scale.shape) != want and not (want == (1,) and scale.numel() == 1):
-        raise SpecftError(f"model.path: {name}.weight_scale has shape {list(scale.shape)}, but {args.describe()} "
-                          f"scales of a {list(shape)} weight have {list(want)}")
+    _check_scale_shape(scale, args, shape, name)
     zero = tensors.get("weight_zero_point")
     if zero is not None and fmt == "pack-quantized":  # packed along the output dim
         zero = unpack_int32(zero.t(), args.num_bits, shape[0]).t()
@@ -158,6 +191,24 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], args: CTArgs, fmt: str, 
     return dq * broadcast_scale(scale, args, shape)
 
 
+def _dequantize_fp4(tensors: dict[str, torch.Tensor], args: CTArgs, fmt: str, name: str) -> torch.Tensor:
+    q = unpack_fp4(_need(tensors, "weight_packed", name))
+    scale = _need(tensors, "weight_scale", name)
+    _check_scale_shape(scale, args, tuple(q.shape), name)
+    if fmt == "mxfp4-pack-quantized":  # E8M0: 2**(e - 127), in bfloat16 as the library decodes it
+        scale = 2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)
+    else:  # FP8 group scales relative to the tensor's global scale (float32: the product is float32)
+        scale = scale.to(q.dtype) / _need(tensors, "weight_global_scale", name)
+    return (q.to(scale.dtype) * broadcast_scale(scale, args, tuple(q.shape))).to(q.dtype)
+
+
+def _check_scale_shape(scale: torch.Tensor, args: CTArgs, shape: tuple[int, int], name: str) -> None:
+    want = expected_scale_shape(args, *shape)
+    if tuple(scale.shape) != want and not (want == (1,) and scale.numel() == 1):
+        raise SpecftError(f"model.path: {name}.weight_scale has shape {list(scale.shape)}, but {args.describe()} "
+                          f"scales of a {list(shape)} weight have {list(want)}")
+
+
 def _need(tensors: dict[str, torch.Tensor], key: str, name: str) -> torch.Tensor:
     if key not in tensors:
         raise SpecftError(f"model.path: {name}.{key} is missing from the checkpoint")
@@ -168,22 +219,24 @@ def _need(tensors: dict[str, torch.Tensor], key: str, name: str) -> torch.Tensor
 
 class InputQuantizer:
     """A Linear's input as the checkpoint quantizes it at run time (dynamic: scales from
-    each input; static: the checkpoint's ``input_scale``)."""
+    each input; static: the checkpoint's ``input_scale``; NVFP4: dynamic group scales
+    under the checkpoint's ``input_global_scale``)."""
 
-    def __init__(self, args: CTArgs, scale: torch.Tensor | None = None):
-        self.args, self.scale = args, scale
+    def __init__(self, args: CTArgs, scale: torch.Tensor | None = None, global_scale: torch.Tensor | None = None):
+        self.args, self.scale, self.global_scale = args, scale, global_scale
 
     @property
     def share_key(self):
         """q/k/v (and gate/up) read one tensor: dynamic scales from it are the same for
         each, so SharedInput quantizes it once; static scales are per layer."""
-        return ("compressed-tensors", *vars(self.args).values()) if self.args.dynamic else None
+        if not self.args.dynamic:
+            return None
+        glob = None if self.global_scale is None else float(self.global_scale.reshape(-1)[0])
+        return ("compressed-tensors", *vars(self.args).values(), glob)
 
-    def qparams(self, x: torch.Tensor) -> torch.Tensor:
+    def _amax(self, x: torch.Tensor) -> torch.Tensor:
         a = self.args
-        if not a.dynamic:
-            return self.scale.to(x.dtype)
-        if a.strategy == "group":
+        if a.strategy in ("group", "tensor_group"):
             x = x.unflatten(-1, (-(-x.shape[-1] // a.group_size), a.group_size))
             lo, hi = torch.amin(x, dim=-1), torch.amax(x, dim=-1)
         elif a.strategy == "token" and x.dim() > 2:
@@ -192,20 +245,37 @@ class InputQuantizer:
         else:  # tensor (and "token" on a 2-D input: the library then reduces everything)
             lo, hi = torch.aminmax(x)
         zero = torch.zeros_like(lo)
-        lo, hi = torch.min(lo, zero), torch.max(hi, zero)
+        return torch.max(torch.min(lo, zero).abs(), torch.max(hi, zero).abs())
+
+    def qparams(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.args
+        if not a.dynamic:
+            return self.scale.to(x.dtype)
+        amax = self._amax(x)
+        if a.is_mx:  # E8M0: never zero, so no eps
+            exp = mx_shared_exponent(amax, a.element, "even")
+            return (2.0 ** exp.to(torch.float32)).to(amax.dtype)
         q_lo, q_hi = a.q_range
-        scale = torch.max(lo.abs(), hi.abs()) / ((q_hi - q_lo).to(hi.dtype) / 2)
+        scale = amax / ((q_hi - q_lo).to(amax.dtype) / 2)
+        if self.global_scale is not None:  # NVFP4: FP8 group scales relative to the global one
+            scale = (self.global_scale * scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+            return torch.where(scale == 0, torch.tensor(0.125), scale) / self.global_scale
         eps = torch.finfo(scale.dtype).eps
         return torch.where(scale == 0, torch.tensor(eps, dtype=scale.dtype), scale)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.qparams(x)
-        if self.args.strategy == "group":
-            shape = x.shape
+        if self.args.strategy in ("group", "tensor_group"):
             g = x.unflatten(-1, (-1, self.args.group_size))
             s = scale.unsqueeze(-1)
-            return (round_to_grid(g / s, self.args).to(s.dtype) * s).flatten(-2).reshape(shape)
+            return (round_to_grid(g / s, self.args).to(s.dtype) * s).flatten(-2).reshape(x.shape).to(x.dtype)
         return round_to_grid(x / scale, self.args).to(scale.dtype) * scale
+
+
+def input_quantizer(args: CTArgs, local: dict[str, torch.Tensor], name: str) -> InputQuantizer:
+    if args.strategy == "tensor_group":  # NVFP4: a calibrated global scale over dynamic group scales
+        return InputQuantizer(args, global_scale=_need(local, "input_global_scale", name))
+    return InputQuantizer(args, None if args.dynamic else _need(local, "input_scale", name))
 
 
 # -- the family -----------------------------------------------------------------------------
@@ -309,8 +379,7 @@ class CompressedTensors(FormatFamily):
                 state[f"{name}.weight"] = dequantize_weight(local, group.weights, group.fmt, name).to(dtype)
             quantize_input = None
             if group.inputs is not None:
-                scale = None if group.inputs.dynamic else _need(local, "input_scale", name)
-                quantize_input = InputQuantizer(group.inputs, scale)
+                quantize_input = input_quantizer(group.inputs, local, name)
             ckpt.layers[name] = LayerQuant(name, group.weights.describe() if group.weights else "16-bit",
                                            group.inputs.describe() if group.inputs else None, quantize_input)
         stray = sorted(k[: -len(".weight_scale")] for k in raw if k.endswith(".weight_scale")
