@@ -82,6 +82,10 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
 
     model_cfg = replace(cfg.model, source="hf", path=str(target_dir), gguf_file=None)
     target, tokenizer = load_target(model_cfg, dtype=torch.float32)
+    if cfg.quant.from_checkpoint:  # a quantized checkpoint: its run-time input quantization too
+        from specft.quant import apply_quant
+
+        apply_quant(target, cfg.quant)
     prompts, _ = load_prompts(cfg, tokenizer)
     eos, pad = stop_token_ids(tokenizer, target), tokenizer.pad_token_id or 0
     draft, meta = load_draft(checkpoint, torch.float32)

@@ -291,6 +291,8 @@ def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
             continue
         if layer.quantize_input is not None:
             module.register_forward_pre_hook(lambda m, args, q=layer.quantize_input: (shared(q, args[0]), *args[1:]))
+        if layer.forward is not None:
+            module.forward = layer.forward
         report.layers.append(LayerReport(name, "linear"))
     return report
 

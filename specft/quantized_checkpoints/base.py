@@ -33,6 +33,9 @@ class LayerQuant:
     activation: str | None  # e.g. "int8 token dynamic", None: 16-bit inputs
     # x -> x quantized and dequantized as the serving kernel sees it (None: not quantized)
     quantize_input: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # x -> the layer's output, replacing the Linear's forward where the serving kernel's
+    # arithmetic is not a float matmul of dequantized operands (integer accumulation)
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
@@ -188,9 +189,15 @@ def _name_or_path(hf_config) -> str | None:
     return str(Path(where).resolve()) if where and Path(where).is_dir() else where
 
 
+# Files beside config.json that say how a checkpoint is quantized (msModelSlim, ModelOpt):
+# their contents are part of the fingerprint, as config.json's are.
+QUANT_DESCRIPTION_FILES = ("quant_model_description*.json", "hf_quant_config.json")
+
+
 def checkpoint_fingerprint(cfg: ModelConfig) -> str:
-    """Identifies the weights a cache was built from: a local checkpoint's config and
-    weight files (names and sizes), or the hub id when the model is remote."""
+    """Identifies the weights a cache was built from: a local checkpoint's config (and
+    quantization description) and weight files (names and sizes), or the hub id when
+    the model is remote."""
     import hashlib
 
     where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
@@ -203,7 +210,7 @@ def checkpoint_fingerprint(cfg: ModelConfig) -> str:
     for p in files:
         h.update(p.name.encode())
         h.update(str(p.stat().st_size).encode())
-        if p.name == "config.json":
+        if p.name == "config.json" or any(fnmatch(p.name, q) for q in QUANT_DESCRIPTION_FILES):
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
 

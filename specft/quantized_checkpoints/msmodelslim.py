@@ -1,0 +1,250 @@
+"""msModelSlim checkpoints in its "ascendV1" layout (Ascend's quantizer; what vllm-ascend
+and MindIE serve): ``quant_model_description*.json`` names each tensor's scheme, the
+weights sit in ``quant_model_weights*.safetensors``.
+
+Supported here, as vllm-ascend serves them:
+
+- ``W8A8_DYNAMIC``: INT8 weights per output channel (``weight_scale``, ``weight_offset``;
+  or per group when the description gives a ``group_size``), activations quantized per
+  token at run time, symmetric: ``scale = max(amax / 127, eps32)``, ``q = round(x / scale)``
+  clamped to [-128, 127] (msModelSlim's own per-token arithmetic,
+  msmodelslim/ir/api/impl/int_quantization.py).
+- ``W8A8`` (static): INT8 weights, a per-tensor activation scale and integer offset from
+  calibration. vllm-ascend runs ``npu_quant_matmul(q, w, deq_scale, bias=quant_bias)``
+  with ``q = round(x * (1 / input_scale) + input_offset)``: the output is
+  ``deq_scale * (q @ w.T + quant_bias)``, where msModelSlim folded the offset's correction
+  (``-offset * sum(w)``) and any bias into ``quant_bias``. specft computes the same, the
+  integer sum exactly (``torch._int_mm``), then the float32 product with ``deq_scale``.
+  ``deq_scale`` is float32, or its bits stored as int64 (msModelSlim does so unless the
+  model is bfloat16).
+- ``FLOAT``: kept as stored.
+
+- ``W4A8_DYNAMIC`` (per channel): INT4 weights packed two to an int8 along the output
+  dim, ``code * weight_scale``; inputs as W8A8_DYNAMIC's. ``scale_bias`` is the NPU
+  kernel's correction for its unsigned INT4 trick and changes no product.
+
+Other schemes (W4A8 in groups, W8A16, W4A4, MX, KV-cache C8, sparse) and rotated
+checkpoints are refused in one line naming them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from specft.errors import SpecftError
+from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, CheckpointQuant, FormatFamily, LayerQuant
+
+DESCRIPTION_GLOB = "quant_model_description*.json"
+EPS32 = torch.finfo(torch.float32).eps
+INT8_MIN, INT8_MAX = -128.0, 127.0
+
+
+def _description(model_dir: Path) -> dict:
+    files = sorted(model_dir.glob(DESCRIPTION_GLOB))
+    try:
+        return json.loads(files[0].read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SpecftError(f"model.path: cannot read {files[0]} ({err})") from None
+
+
+def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(model_dir.glob("quant_model_weight*.safetensors"))
+    if not files:
+        raise SpecftError(f"model.path: {model_dir} holds no quant_model_weight*.safetensors")
+    tensors = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    return tensors
+
+
+def _need(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+    if key not in tensors:
+        raise SpecftError(f"model.path: {key} is missing from the checkpoint")
+    return tensors[key]
+
+
+def _check_shape(t: torch.Tensor, want: tuple[int, ...], key: str) -> None:
+    if t.numel() != int(torch.Size(want).numel()):
+        raise SpecftError(f"model.path: {key} has shape {list(t.shape)}, expected {list(want)}")
+
+
+def deq_scale_float32(t: torch.Tensor) -> torch.Tensor:
+    """msModelSlim stores ``deq_scale`` as float32, or (models not in bfloat16) as the
+    float32's bit pattern widened to int64."""
+    if t.dtype == torch.int64:
+        return t.to(torch.int32).view(torch.float32)
+    return t.to(torch.float32)
+
+
+# -- activations --------------------------------------------------------------------------
+
+class PerTokenInt8:
+    """W8A8_DYNAMIC inputs: symmetric INT8 per token, scale from each token's amax."""
+
+    share_key = ("msmodelslim", "int8 token dynamic")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        amax = x.abs().amax(dim=-1, keepdim=True)
+        scale = torch.max(amax / INT8_MAX, torch.tensor(EPS32, dtype=x.dtype))
+        return torch.round(x / scale).clamp(INT8_MIN, INT8_MAX) * scale
+
+
+@dataclass
+class StaticInt8Codes:
+    """W8A8 inputs: the INT8 codes ``round(x * (1 / scale) + offset)``, the scale in the
+    activation's dtype, as vllm-ascend's ``npu_quantize`` computes them (div_mode=False).
+    msModelSlim's own quantize divides (``divide``), as the fused RMSNorm+quantize kernel
+    does; the two differ where x / scale lands within a rounding error of a half."""
+
+    scale: torch.Tensor
+    offset: torch.Tensor
+    divide = False
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.scale.to(x.dtype)
+        scaled = x / scale if self.divide else x * (1 / scale)
+        return torch.round(scaled + self.offset.to(x.dtype)).clamp(INT8_MIN, INT8_MAX)
+
+
+class StaticInt8Linear:
+    """A W8A8 layer as ``npu_quant_matmul`` computes it: the integer sum of codes times
+    INT8 weights, plus ``quant_bias``, exactly (int32), then times ``deq_scale`` in float32."""
+
+    def __init__(self, codes: StaticInt8Codes, weight: torch.Tensor, quant_bias: torch.Tensor, deq: torch.Tensor):
+        self.codes, self.weight_t = codes, weight.to(torch.int8).t().contiguous()
+        self.quant_bias, self.deq = quant_bias.to(torch.int32), deq.to(torch.float32)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.codes(x).to(torch.int8).reshape(-1, x.shape[-1])
+        acc = torch._int_mm(q, self.weight_t) + self.quant_bias
+        return (acc.to(torch.float32) * self.deq).to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+# -- schemes ------------------------------------------------------------------------------
+
+@dataclass
+class Dense:
+    """What one quantized layer becomes: the dense weight (what the layer multiplies by,
+    for the state dict and reports) and how it computes."""
+
+    weight: torch.Tensor
+    weight_desc: str
+    input_desc: str
+    quantize_input: Callable[[torch.Tensor], torch.Tensor] | None = None  # before a plain Linear forward
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None  # instead of it
+
+
+def _w8a8_dynamic(t: dict[str, torch.Tensor], name: str, shape: tuple[int, int], group_size: int) -> Dense:
+    q = _need(t, f"{name}.weight")
+    scale, offset = _need(t, f"{name}.weight_scale"), t.get(f"{name}.weight_offset")
+    groups = shape[1] // group_size if group_size else 1
+    _check_shape(scale, (shape[0], groups), f"{name}.weight_scale")
+    scale = scale.to(torch.float32).reshape(shape[0], groups)
+    offset = torch.zeros_like(scale) if offset is None else offset.to(torch.float32).reshape(shape[0], groups)
+    width = shape[1] // groups
+    dense = (q.to(torch.float32) - offset.repeat_interleave(width, 1)) * scale.repeat_interleave(width, 1)
+    where = f"group {group_size}" if group_size else "channel"
+    return Dense(dense, f"int8 {where}", "int8 token dynamic", quantize_input=PerTokenInt8())
+
+
+def unpack_int4_pairs(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """msModelSlim's W4A8 packing: the weight transposed to [in, out], each pair of
+    neighbouring outputs in one int8 (the even one in the low nibble), transposed back:
+    [out / 2, in] bytes -> [out, in] signed INT4 codes."""
+    p = packed.to(torch.int8).t()  # [in, out / 2]
+    low = torch.bitwise_left_shift(p, 4) >> 4  # arithmetic shifts sign-extend the nibbles
+    high = p >> 4
+    return torch.stack((low, high), dim=-1).reshape(p.shape[0], out_features).t()
+
+
+def _w4a8_dynamic(t: dict[str, torch.Tensor], name: str, shape: tuple[int, int], group_size: int) -> Dense:
+    packed = _need(t, f"{name}.weight")
+    _check_shape(packed, (shape[0] // 2, shape[1]), f"{name}.weight")
+    scale = _need(t, f"{name}.weight_scale")
+    _check_shape(scale, (shape[0], 1), f"{name}.weight_scale")
+    q = unpack_int4_pairs(packed.reshape(shape[0] // 2, shape[1]), shape[0])
+    # scale_bias is the kernel's correction for its unsigned INT4 trick: the product is the same
+    return Dense(q.to(torch.float32) * scale.to(torch.float32).reshape(-1, 1), "int4 channel",
+                 "int8 token dynamic", quantize_input=PerTokenInt8())
+
+
+def _w8a8_static(t: dict[str, torch.Tensor], name: str, shape: tuple[int, int], group_size: int) -> Dense:
+    q = _need(t, f"{name}.weight")
+    deq = deq_scale_float32(_need(t, f"{name}.deq_scale"))
+    quant_bias = _need(t, f"{name}.quant_bias")
+    for key, tensor in ((f"{name}.deq_scale", deq), (f"{name}.quant_bias", quant_bias)):
+        _check_shape(tensor, (shape[0],), key)
+    codes = StaticInt8Codes(_need(t, f"{name}.input_scale").reshape(()), _need(t, f"{name}.input_offset").reshape(()))
+    return Dense(q.to(torch.float32) * deq.reshape(-1, 1), "int8 channel", "int8 tensor static",
+                 forward=StaticInt8Linear(codes, q, quant_bias, deq))
+
+
+SCHEMES: dict[str, Callable[..., Dense]] = {"W8A8_DYNAMIC": _w8a8_dynamic, "W8A8": _w8a8_static,
+                                            "W4A8_DYNAMIC": _w4a8_dynamic}
+SCHEME_SUMMARY = {"W8A8_DYNAMIC": "int8 {weights} weights, int8 token dynamic inputs",
+                  "W8A8": "int8 channel weights, int8 tensor static inputs with offset",
+                  "W4A8_DYNAMIC": "int4 channel weights, int8 token dynamic inputs"}
+
+
+# -- the family -----------------------------------------------------------------------------
+
+class MsModelSlim(FormatFamily):
+    name = "msmodelslim"
+
+    def detect(self, model_dir: Path) -> bool:
+        return any(model_dir.glob(DESCRIPTION_GLOB))
+
+    def open(self, model_dir: Path) -> CheckpointQuant:
+        desc = _description(model_dir)
+        schemes = {k[: -len(".weight")]: v for k, v in desc.items() if k.endswith(".weight") and v != "FLOAT"}
+        unknown = sorted(set(schemes.values()) - set(SCHEMES))
+        if unknown:
+            raise SpecftError(f"quant=checkpoint: msModelSlim scheme {unknown[0]} is not supported yet; "
+                              f"supported: {', '.join(SCHEMES)} (docs/checkpoints.md)")
+        others = sorted(k for k, v in desc.items() if isinstance(v, str) and v.startswith("C8"))
+        if desc.get("kv_quant_type") or desc.get("kv_cache_type") or others:
+            raise SpecftError("quant=checkpoint: this msModelSlim checkpoint quantizes the KV cache, which specft "
+                              "cannot run from a checkpoint yet")
+        if (desc.get("optional") or {}).get("quarot") or any("rot" in k.lower() for k in desc.get("optional") or {}):
+            raise SpecftError("quant=checkpoint: this msModelSlim checkpoint carries a rotation (QuaRot), which "
+                              "specft cannot run yet")
+        group_size = int(desc.get("group_size") or 0)
+        weights = f"group {group_size}" if group_size else "channel"
+        summary = "; ".join(f"{k}: {SCHEME_SUMMARY[k].format(weights=weights)}" for k in sorted(set(schemes.values())))
+        ckpt = CheckpointQuant(self.name, model_dir, summary)
+        ckpt.load_state = lambda model, dtype: self._load_state(ckpt, schemes, group_size, model, dtype)
+        return ckpt
+
+    def _load_state(self, ckpt: CheckpointQuant, schemes: dict[str, str], group_size: int, model: nn.Module,
+                    dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        raw, schemes = _read_weights(ckpt.model_dir), dict(schemes)
+        state = {k: v.to(dtype) for k, v in raw.items() if v.is_floating_point()
+                 and k.rsplit(".", 1)[0] not in schemes}
+        for name, module in model.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            scheme = schemes.pop(name, None)
+            if scheme is None:  # kept in 16 bit ("FLOAT"), e.g. lm_head
+                ckpt.ignored.append(name)
+                continue
+            dense = SCHEMES[scheme](raw, name, (module.out_features, module.in_features), group_size)
+            _check_shape(dense.weight, tuple(module.weight.shape), f"{name}.weight")
+            state[f"{name}.weight"] = dense.weight.reshape(module.weight.shape).to(dtype)
+            ckpt.layers[name] = LayerQuant(name, dense.weight_desc, dense.input_desc, dense.quantize_input,
+                                           dense.forward)
+        if schemes:  # quantized tensors the model has no Linear for
+            raise SpecftError(f"model.path: {next(iter(schemes))} is quantized in the checkpoint, but the model "
+                              "has no such linear layer")
+        return state
+
+
+CHECKPOINT_FORMATS.register("msmodelslim")(MsModelSlim())
