@@ -54,7 +54,7 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
 
 
 # The families register themselves on import.
-from specft.quantized_checkpoints import compressed_tensors, msmodelslim, others  # noqa: E402,F401,I001
+from specft.quantized_checkpoints import compressed_tensors, modelopt, msmodelslim, others  # noqa: E402,F401,I001
 
 __all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "detect_family", "open_checkpoint",
            "read_config", "supported"]

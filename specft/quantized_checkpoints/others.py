@@ -41,5 +41,5 @@ for method, name in (("fp8", "hf-fp8"), ("mxfp4", "hf-mxfp4"), ("gptq", "gptq"),
                      ("autoround", "autoround"), ("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"),
                      ("quark", "quark")):
     CHECKPOINT_FORMATS.register(name)(ByQuantMethod(name, method))
-for name, pattern in (("modelopt", "hf_quant_config.json"), ("gguf", "*.gguf")):
+for name, pattern in (("gguf", "*.gguf"),):
     CHECKPOINT_FORMATS.register(name)(ByFile(name, pattern))

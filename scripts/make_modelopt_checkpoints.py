@@ -1,0 +1,93 @@
+"""NVIDIA ModelOpt checkpoints made by ModelOpt itself on this CPU, each with its oracle:
+the outputs of ModelOpt's own quantized model (its fake-quant TensorQuantizers) before
+export, for specft's quant=checkpoint tests. ModelOpt runs in a venv of its own:
+
+    python -m venv /work/venv-modelopt && /work/venv-modelopt/bin/pip install torch==2.13.0 && \\
+        /work/venv-modelopt/bin/pip install nvidia-modelopt==0.47.0 transformers accelerate requests
+    /work/venv-modelopt/bin/python scripts/make_modelopt_checkpoints.py --model DIR --out OUT --algos fp8,nvfp4
+
+Per algorithm (ModelOpt's FP8_DEFAULT_CFG: FP8 weights and static FP8 inputs per tensor;
+NVFP4_DEFAULT_CFG: FP4 weights and inputs in groups of 16 under FP8 group scales and a
+per-tensor scale), calibrated on 4 synthetic sequences: OUT/<algo>/ gets the HF export
+(export_hf_checkpoint: hf_quant_config.json) and ``oracle.safetensors`` (prompt ids, every
+decoder layer's output, the last 4 positions' logits, a greedy continuation); OUT/made.json
+records the versions and times. Imports nothing from specft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
+N_PROMPTS, NEW_TOKENS, LOGIT_POSITIONS = 3, 8, 4
+
+
+@torch.no_grad()
+def oracle_outputs(model, tokenizer) -> dict[str, torch.Tensor]:
+    questions = [f"What is {i * 7 + 3} plus {i * 11 + 5}? Explain step by step." for i in range(N_PROMPTS)]
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False) for q in questions]
+    width = min(len(i) for i in ids)
+    input_ids = torch.tensor([i[:width] for i in ids])
+    res = model(input_ids, output_hidden_states=True)
+    out = {"input_ids": input_ids, "logits": res.logits[:, -LOGIT_POSITIONS:].contiguous()}
+    for i, h in enumerate(res.hidden_states[1:]):
+        out[f"hidden.{i}"] = h.contiguous()
+    out["greedy"] = model.generate(input_ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                   pad_token_id=tokenizer.pad_token_id)
+    return out
+
+
+def make(model_dir: Path, out: Path, algo: str) -> dict:
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    calib = torch.randint(0, model.config.vocab_size, (4, 32))
+
+    def forward_loop(m):
+        with torch.no_grad():
+            m(calib)
+
+    t0 = time.perf_counter()
+    model = mtq.quantize(model, getattr(mtq, CONFIGS[algo]), forward_loop)
+    seconds = time.perf_counter() - t0
+    oracle = oracle_outputs(model, tokenizer)
+    target = out / algo
+    export_hf_checkpoint(model, export_dir=target)
+    tokenizer.save_pretrained(target)
+    save_file(oracle, str(target / "oracle.safetensors"))
+    return {"algo": algo, "config": CONFIGS[algo], "seconds": round(seconds, 1),
+            "hf_quant_config": json.loads((target / "hf_quant_config.json").read_text())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--algos", default="fp8,nvfp4")
+    args = ap.parse_args()
+    algos = [a for a in args.algos.split(",") if a]
+    unknown = [a for a in algos if a not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"error: --algos: unknown {unknown[0]!r}; allowed: {', '.join(CONFIGS)}")
+    made = {"tool": {"nvidia-modelopt": version("nvidia-modelopt"), "torch": version("torch"),
+                     "transformers": version("transformers")}, "model": str(args.model), "checkpoints": []}
+    for algo in algos:
+        made["checkpoints"].append(make(args.model, args.out, algo))
+        print(f"{algo}: {made['checkpoints'][-1]['seconds']} s -> {args.out / algo}")
+    (args.out / "made.json").write_text(json.dumps(made, indent=2))
+
+
+if __name__ == "__main__":
+    main()

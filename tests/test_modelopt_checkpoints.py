@@ -1,0 +1,104 @@
+"""quant=checkpoint on NVIDIA ModelOpt's Hugging Face export, against ModelOpt's own
+quantized model.
+
+tests/fixtures/checkpoints/tiny_qwen3_modelopt/fp8 was written by ModelOpt 0.47 on this
+CPU from specft's tiny Qwen3 (scripts/make_modelopt_checkpoints.py, its own venv), with
+``oracle.safetensors``: what ModelOpt's fake-quantized model computed before export.
+ModelOpt fake-quantizes with ``448 / amax``; the export stores ``amax / 448``, which the
+serving engine inverts: the two differ in the last bit of some scales, so the forward
+agrees to float32 rounding, not bit for bit.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specft.errors import SpecftError
+from specft.quantized_checkpoints import open_checkpoint
+
+from helpers import root_cfg
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_modelopt" / "fp8"
+
+
+def _model(path: Path):
+    from specft.quant import apply_quant
+    from specft.target_model import load_target
+
+    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32")
+    model, tokenizer = load_target(cfg.model)
+    report = apply_quant(model, cfg.quant)
+    return model, tokenizer, report
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def test_the_fixture_was_made_by_modelopt():
+    made = json.loads((FIXTURE.parent / "made.json").read_text())
+    assert made["tool"]["nvidia-modelopt"].startswith("0.47")
+    assert json.loads((FIXTURE / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == "FP8"
+
+
+def test_hidden_states_logits_and_greedy_tokens_match_modelopts_model():
+    oracle = load_file(str(FIXTURE / "oracle.safetensors"))
+    model, tokenizer, report = _model(FIXTURE)
+    assert report.checkpoint["family"] == "modelopt" and len(report.checkpoint["layers"]) == 56
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+        greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
+                                oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    for i, h in enumerate(out.hidden_states[1:]):
+        assert _rel(h, oracle[f"hidden.{i}"]) < 1e-6, i
+    assert _rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
+    assert torch.equal(greedy, oracle["greedy"])
+
+
+def test_without_the_input_quantization_it_would_not_match():
+    """The check can fail: the same weights with 16-bit inputs are far from ModelOpt's model."""
+    from specft.target_model import load_target
+
+    oracle = load_file(str(FIXTURE / "oracle.safetensors"))
+    model, _ = load_target(root_cfg("model=hf", f"model.path={FIXTURE}", "quant=checkpoint",
+                                    "model.dtype=float32").model)
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+    assert _rel(out.hidden_states[-1], oracle[f"hidden.{len(out.hidden_states) - 2}"]) > 1e-3
+
+
+def _copy(tmp_path) -> Path:
+    return Path(shutil.copytree(FIXTURE, tmp_path / "fp8"))
+
+
+def test_another_algorithm_is_named(tmp_path):
+    other = _copy(tmp_path)
+    config = json.loads((other / "hf_quant_config.json").read_text())
+    config["quantization"]["quant_algo"] = "NVFP4"
+    (other / "hf_quant_config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecftError, match="ModelOpt quant_algo NVFP4 is not supported yet; supported: FP8"):
+        open_checkpoint(other)
+
+
+def test_a_kv_cache_scheme_is_refused(tmp_path):
+    other = _copy(tmp_path)
+    config = json.loads((other / "hf_quant_config.json").read_text())
+    config["quantization"]["kv_cache_quant_algo"] = "FP8"
+    (other / "hf_quant_config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecftError, match=r"quantizes the KV cache \(FP8\)"):
+        open_checkpoint(other)
+
+
+def test_a_missing_input_scale_is_named(tmp_path):
+    from specft.target_model import load_target
+
+    broken = _copy(tmp_path)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.4.mlp.up_proj.input_scale"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(SpecftError, match="model.layers.4.mlp.up_proj.input_scale is missing"):
+        load_target(root_cfg("model=hf", f"model.path={broken}", "quant=checkpoint").model)
