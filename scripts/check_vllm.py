@@ -68,7 +68,7 @@ def save_mxfp4_weights(cfg, out: Path) -> Path:
 
 
 def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: int,
-                draft_quant: str) -> tuple[list, list[dict]]:
+                draft_quant: str, dtype: torch.dtype = torch.float32) -> tuple[list, list[dict]]:
     """(prompts, runs): specft's engine on the target at ``target_dir``, target alone then each
     k, ``batch`` prompts at a time (after one untimed warm-up round). A quantized export is
     matched by fake-quantizing the draft the same way (weights and activations)."""
@@ -81,14 +81,14 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     from specft.target_model.loader import stop_token_ids
 
     model_cfg = replace(cfg.model, source="hf", path=str(target_dir), gguf_file=None)
-    target, tokenizer = load_target(model_cfg, dtype=torch.float32)
+    target, tokenizer = load_target(model_cfg, dtype=dtype)
     if cfg.quant.from_checkpoint:  # a quantized checkpoint: its run-time input quantization too
         from specft.quant import apply_quant
 
         apply_quant(target, cfg.quant)
     prompts, _ = load_prompts(cfg, tokenizer)
     eos, pad = stop_token_ids(tokenizer, target), tokenizer.pad_token_id or 0
-    draft, meta = load_draft(checkpoint, torch.float32)
+    draft, meta = load_draft(checkpoint, dtype)
     if draft_quant not in ("none", "auto") and meta.get("draft_quant") != draft_quant:
         from specft.drafts.qat import apply_draft_qat
         from specft.quant.config import load_quant_config
@@ -165,6 +165,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1, help="prompts decoded together, in both engines")
     ap.add_argument("--target-weights", choices=["as-is", "mxfp4"], default="as-is")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="both engines' compute dtype (vLLM's CPU INT8 kernels take bfloat16 inputs only)")
     ap.add_argument("--layout", choices=["eagle3", "speculators"], default="eagle3")
     ap.add_argument("--quant", choices=["none", "auto", "fp8", "mxfp4"], default="none",
                     help="the export's weights (compressed-tensors for fp8 / mxfp4), as `specft export --quant`")
@@ -181,7 +183,7 @@ def main() -> None:
                                *args.overrides])
     checkpoint = resolve_checkpoint(run_dir, "run")
     export = export_draft(checkpoint, out / f"export-{args.layout}-{args.quant}", layout=args.layout,
-                          quant=args.quant, dtype="float32", overwrite=True)
+                          quant=args.quant, dtype=args.dtype, overwrite=True)
     exported = json.loads((export / "config.json").read_text())
     verifier = exported["specft"]["target_path"]
     target_dir = Path(verifier)
@@ -191,9 +193,10 @@ def main() -> None:
             exported["speculators_config"]["verifier"]["name_or_path"] = str(target_dir)
             (export / "config.json").write_text(json.dumps(exported, indent=2))
 
-    prompts, specft_runs = specft_side(cfg, target_dir, checkpoint, args.ks, args.batch, args.quant)
+    prompts, specft_runs = specft_side(cfg, target_dir, checkpoint, args.ks, args.batch, args.quant,
+                                       getattr(torch, args.dtype))
     request = {"target": str(target_dir), "draft": str(export), "prompts": prompts, "ks": args.ks,
-               "max_new_tokens": args.max_new_tokens, "dtype": "float32", "target_alone": True,
+               "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "target_alone": True,
                "max_num_seqs": args.batch}
     work = out / "vllm"
     work.mkdir(exist_ok=True)
@@ -212,7 +215,8 @@ def main() -> None:
             rows.append({"engine": name, **summarize(r, alone)})
     between = divergence(specft_runs[0]["tokens"], vllm["runs"][0]["tokens"])
     result = {"run": str(run_dir), "target": str(target_dir), "target_weights": args.target_weights,
-              "layout": args.layout, "draft_export_quant": args.quant, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "layout": args.layout, "dtype": args.dtype, "draft_export_quant": args.quant, "prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens,
               "batch": args.batch,
               "vllm_version": vllm["vllm_version"], "torch_threads": torch.get_num_threads(),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores",

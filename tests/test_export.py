@@ -172,6 +172,19 @@ def test_eagle3_layout_names_shapes_and_dtypes(tmp_path):
     assert "lm_head" in q["ignore"]
 
 
+@pytest.mark.parametrize("layout", ["eagle3", "speculators"])
+def test_a_draft_over_the_whole_vocabulary_writes_no_id_map(tmp_path, layout):
+    """vLLM builds no d2t parameter when the draft's vocabulary is the target's and
+    refuses a checkpoint that has one (found by scripts/check_vllm.py)."""
+    folder, _ = _checkpoint(tmp_path, full_vocab=True)
+    out = tmp_path / "export"
+    run_cli(["export", str(folder), str(out), "--layout", layout], cwd=tmp_path)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert not names & {"d2t", "t2d"} and "lm_head.weight" in names
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == V
+
+
 def test_fp8_layout_and_speculators_config(tmp_path):
     folder, _ = _checkpoint(tmp_path, draft_quant="fp8")
     out = tmp_path / "export"

@@ -15,9 +15,14 @@ from specft.drafts.layouts import (
 
 
 def _eagle3_tensors(state: dict, meta: dict) -> dict[str, torch.Tensor]:
+    # A draft over the whole target vocabulary maps ids to themselves: vLLM then builds no
+    # d2t parameter and refuses one in the checkpoint (llama_eagle3.py), so none is written.
+    full_vocab = "d2t" in state and not state["d2t"].any() and bool(state["t2d"].all())
     out = {}
     for name, t in state.items():
         if name in ("draft_to_target",) or name.startswith("embed_tokens") and not meta["learned_embedding"]:
+            continue
+        if full_vocab and name in ("d2t", "t2d"):
             continue
         if name.startswith("extra_layers."):
             index, rest = name[len("extra_layers."):].split(".", 1)
