@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def specft_model(model_dir: Path):
+def specft_model(model_dir: Path, quant: str = "checkpoint"):
     from omegaconf import OmegaConf
 
     from specft.cli import compose
@@ -34,7 +34,7 @@ def specft_model(model_dir: Path):
     from specft.target_model import load_target
     from specft.validate import to_schema
 
-    cfg = compose(["model=hf", f"model.path={model_dir}", "quant=checkpoint", "model.dtype=float32"])
+    cfg = compose(["model=hf", f"model.path={model_dir}", f"quant={quant}", "model.dtype=float32"])
     OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
     root = to_schema(cfg)
     model, tokenizer = load_target(root.model)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from specft.errors import SpecftError
@@ -16,12 +17,37 @@ from specft.registry import Registry
 CHECKPOINT_FORMATS: Registry = Registry("quantized checkpoint format")
 
 
-def read_config(model_dir: Path) -> dict:
-    path = Path(model_dir) / "config.json"
+def read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise SpecftError(f"model.path: cannot read {path} ({err})") from None
+
+
+def read_config(model_dir: Path) -> dict:
+    return read_json(Path(model_dir) / "config.json")
+
+
+def read_tensors(model_dir: Path, pattern: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the weight files matching ``pattern`` (an index json, when there
+    is one, names them); other safetensors beside them (an oracle's outputs) are not read."""
+    index = next(iter(sorted(model_dir.glob(pattern + ".index.json"))), None)
+    files = [model_dir / n for n in sorted(set(read_json(index)["weight_map"].values()))] if index else \
+        sorted(model_dir.glob(pattern))
+    if not files:
+        raise SpecftError(f"model.path: {model_dir} holds no {pattern} weights")
+    tensors = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            tensors.update({key: f.get_tensor(key) for key in f.keys()})
+    return tensors
+
+
+def need(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+    """A tensor the format requires, or one line naming it."""
+    if key not in tensors:
+        raise SpecftError(f"model.path: {key} is missing from the checkpoint")
+    return tensors[key]
 
 
 @dataclass

@@ -29,14 +29,12 @@ against that library in tests/test_quantized_checkpoints.py:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from specft.errors import SpecftError
@@ -47,7 +45,9 @@ from specft.quantized_checkpoints.base import (
     CheckpointQuant,
     FormatFamily,
     LayerQuant,
+    need,
     read_config,
+    read_tensors,
 )
 
 QUANT_METHOD = "compressed-tensors"
@@ -210,9 +210,8 @@ def _check_scale_shape(scale: torch.Tensor, args: CTArgs, shape: tuple[int, int]
 
 
 def _need(tensors: dict[str, torch.Tensor], key: str, name: str) -> torch.Tensor:
-    if key not in tensors:
-        raise SpecftError(f"model.path: {name}.{key} is missing from the checkpoint")
-    return tensors[key]
+    """A layer's tensor by its local key (``tensors`` holds one layer's)."""
+    return need({f"{name}.{k}": v for k, v in tensors.items()}, f"{name}.{key}")
 
 
 # -- activations --------------------------------------------------------------------------
@@ -315,26 +314,6 @@ def _groups(qcfg: dict) -> list[ConfigGroup]:
     return groups
 
 
-def _safetensors_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / n for n in names]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise SpecftError(f"model.path: {model_dir} holds no .safetensors weights")
-    return files
-
-
-def _read_all(model_dir: Path) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for path in _safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                tensors[key] = f.get_tensor(key)
-    return tensors
-
-
 class CompressedTensors(FormatFamily):
     name = "compressed-tensors"
 
@@ -363,7 +342,7 @@ class CompressedTensors(FormatFamily):
                     dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The model's state dict with every quantized weight dequantized; fills
         ``ckpt.layers`` with each layer's scheme and input quantizer."""
-        raw = _read_all(ckpt.model_dir)
+        raw = read_tensors(ckpt.model_dir, "*.safetensors")
         quant_suffixes = tuple("." + t for t in QUANT_TENSORS)
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in raw.items() if not k.endswith(quant_suffixes)}
         for name, module in model.named_modules():

@@ -12,16 +12,22 @@ in one line naming them.
 
 from __future__ import annotations
 
-import json
 from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from specft.errors import SpecftError
-from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, CheckpointQuant, FormatFamily, LayerQuant
+from specft.quantized_checkpoints.base import (
+    CHECKPOINT_FORMATS,
+    CheckpointQuant,
+    FormatFamily,
+    LayerQuant,
+    need,
+    read_json,
+    read_tensors,
+)
 
 CONFIG_FILE = "hf_quant_config.json"
 SUPPORTED_ALGOS = ("FP8",)
@@ -29,31 +35,11 @@ FP8_MAX = 448.0
 QUANT_TENSORS = ("weight_scale", "input_scale", "weight_scale_2", "k_scale", "v_scale")
 
 
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise SpecftError(f"model.path: cannot read {path} ({err})") from None
-
-
-def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(model_dir.glob("model*.safetensors"))
-    if not files:
-        raise SpecftError(f"model.path: {model_dir} holds no model*.safetensors weights")
-    out = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
-
-
-def _need(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
-    if key not in tensors:
-        raise SpecftError(f"model.path: {key} is missing from the checkpoint")
-    if key.endswith("_scale") and tensors[key].numel() != 1:
-        raise SpecftError(f"model.path: {key} has shape {list(tensors[key].shape)}; FP8 per-tensor scales have one "
-                          "value")
-    return tensors[key]
+def _tensor_scale(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+    scale = need(tensors, key)
+    if scale.numel() != 1:
+        raise SpecftError(f"model.path: {key} has shape {list(scale.shape)}; FP8 per-tensor scales have one value")
+    return scale.reshape(()).to(torch.float32)
 
 
 class StaticFp8Input:
@@ -62,7 +48,7 @@ class StaticFp8Input:
     share_key = None  # static: each layer its own scale
 
     def __init__(self, scale: torch.Tensor):
-        self.scale = scale.reshape(()).to(torch.float32)
+        self.scale = scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         codes = (x.to(torch.float32) * (1 / self.scale)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -76,7 +62,7 @@ class ModelOpt(FormatFamily):
         return (model_dir / CONFIG_FILE).is_file()
 
     def open(self, model_dir: Path) -> CheckpointQuant:
-        quant = _read(model_dir / CONFIG_FILE).get("quantization") or {}
+        quant = read_json(model_dir / CONFIG_FILE).get("quantization") or {}
         algo = quant.get("quant_algo")
         if algo not in SUPPORTED_ALGOS:
             raise SpecftError(f"quant=checkpoint: ModelOpt quant_algo {algo} is not supported yet; supported: "
@@ -90,7 +76,7 @@ class ModelOpt(FormatFamily):
         return ckpt
 
     def _load_state(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        raw = _tensors(ckpt.model_dir)
+        raw = read_tensors(ckpt.model_dir, "model*.safetensors")
         state = {k: v.to(dtype) for k, v in raw.items()
                  if v.is_floating_point() and v.dtype != torch.float8_e4m3fn and not k.endswith(QUANT_TENSORS)}
         for name, module in model.named_modules():
@@ -99,9 +85,9 @@ class ModelOpt(FormatFamily):
                 continue
             if any(fnmatch(name, p) for p in ckpt.ignored):
                 raise SpecftError(f"model.path: {name} is in exclude_modules but its weight is FP8")
-            scale = _need(raw, f"{name}.weight_scale").reshape(()).to(torch.float32)
+            scale = _tensor_scale(raw, f"{name}.weight_scale")
             state[f"{name}.weight"] = (weight.to(torch.float32) * scale).to(dtype)
-            quantize_input = StaticFp8Input(_need(raw, f"{name}.input_scale"))
+            quantize_input = StaticFp8Input(_tensor_scale(raw, f"{name}.input_scale"))
             ckpt.layers[name] = LayerQuant(name, "fp8 tensor", "fp8 tensor static", quantize_input)
         stray = sorted(k for k, v in raw.items() if v.dtype == torch.float8_e4m3fn and k.rsplit(".", 1)[0]
                        not in ckpt.layers)

@@ -29,47 +29,27 @@ checkpoints are refused in one line naming them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from specft.errors import SpecftError
-from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, CheckpointQuant, FormatFamily, LayerQuant
+from specft.quantized_checkpoints.base import (
+    CHECKPOINT_FORMATS,
+    CheckpointQuant,
+    FormatFamily,
+    LayerQuant,
+    need,
+    read_json,
+    read_tensors,
+)
 
 DESCRIPTION_GLOB = "quant_model_description*.json"
 EPS32 = torch.finfo(torch.float32).eps
 INT8_MIN, INT8_MAX = -128.0, 127.0
-
-
-def _description(model_dir: Path) -> dict:
-    files = sorted(model_dir.glob(DESCRIPTION_GLOB))
-    try:
-        return json.loads(files[0].read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise SpecftError(f"model.path: cannot read {files[0]} ({err})") from None
-
-
-def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(model_dir.glob("quant_model_weight*.safetensors"))
-    if not files:
-        raise SpecftError(f"model.path: {model_dir} holds no quant_model_weight*.safetensors")
-    tensors = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                tensors[key] = f.get_tensor(key)
-    return tensors
-
-
-def _need(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
-    if key not in tensors:
-        raise SpecftError(f"model.path: {key} is missing from the checkpoint")
-    return tensors[key]
 
 
 def _check_shape(t: torch.Tensor, want: tuple[int, ...], key: str) -> None:
@@ -144,8 +124,8 @@ class Dense:
 
 
 def _w8a8_dynamic(t: dict[str, torch.Tensor], name: str, shape: tuple[int, int], group_size: int) -> Dense:
-    q = _need(t, f"{name}.weight")
-    scale, offset = _need(t, f"{name}.weight_scale"), t.get(f"{name}.weight_offset")
+    q = need(t, f"{name}.weight")
+    scale, offset = need(t, f"{name}.weight_scale"), t.get(f"{name}.weight_offset")
     groups = shape[1] // group_size if group_size else 1
     _check_shape(scale, (shape[0], groups), f"{name}.weight_scale")
     scale = scale.to(torch.float32).reshape(shape[0], groups)
@@ -167,9 +147,9 @@ def unpack_int4_pairs(packed: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 def _w4a8_dynamic(t: dict[str, torch.Tensor], name: str, shape: tuple[int, int], group_size: int) -> Dense:
-    packed = _need(t, f"{name}.weight")
+    packed = need(t, f"{name}.weight")
     _check_shape(packed, (shape[0] // 2, shape[1]), f"{name}.weight")
-    scale = _need(t, f"{name}.weight_scale")
+    scale = need(t, f"{name}.weight_scale")
     _check_shape(scale, (shape[0], 1), f"{name}.weight_scale")
     q = unpack_int4_pairs(packed.reshape(shape[0] // 2, shape[1]), shape[0])
     # scale_bias is the kernel's correction for its unsigned INT4 trick: the product is the same
@@ -178,12 +158,12 @@ def _w4a8_dynamic(t: dict[str, torch.Tensor], name: str, shape: tuple[int, int],
 
 
 def _w8a8_static(t: dict[str, torch.Tensor], name: str, shape: tuple[int, int], group_size: int) -> Dense:
-    q = _need(t, f"{name}.weight")
-    deq = deq_scale_float32(_need(t, f"{name}.deq_scale"))
-    quant_bias = _need(t, f"{name}.quant_bias")
+    q = need(t, f"{name}.weight")
+    deq = deq_scale_float32(need(t, f"{name}.deq_scale"))
+    quant_bias = need(t, f"{name}.quant_bias")
     for key, tensor in ((f"{name}.deq_scale", deq), (f"{name}.quant_bias", quant_bias)):
         _check_shape(tensor, (shape[0],), key)
-    codes = StaticInt8Codes(_need(t, f"{name}.input_scale").reshape(()), _need(t, f"{name}.input_offset").reshape(()))
+    codes = StaticInt8Codes(need(t, f"{name}.input_scale").reshape(()), need(t, f"{name}.input_offset").reshape(()))
     return Dense(q.to(torch.float32) * deq.reshape(-1, 1), "int8 channel", "int8 tensor static",
                  forward=StaticInt8Linear(codes, q, quant_bias, deq))
 
@@ -204,7 +184,7 @@ class MsModelSlim(FormatFamily):
         return any(model_dir.glob(DESCRIPTION_GLOB))
 
     def open(self, model_dir: Path) -> CheckpointQuant:
-        desc = _description(model_dir)
+        desc = read_json(sorted(model_dir.glob(DESCRIPTION_GLOB))[0])
         schemes = {k[: -len(".weight")]: v for k, v in desc.items() if k.endswith(".weight") and v != "FLOAT"}
         unknown = sorted(set(schemes.values()) - set(SCHEMES))
         if unknown:
@@ -226,7 +206,7 @@ class MsModelSlim(FormatFamily):
 
     def _load_state(self, ckpt: CheckpointQuant, schemes: dict[str, str], group_size: int, model: nn.Module,
                     dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        raw, schemes = _read_weights(ckpt.model_dir), dict(schemes)
+        raw, schemes = read_tensors(ckpt.model_dir, "quant_model_weight*.safetensors"), dict(schemes)
         state = {k: v.to(dtype) for k, v in raw.items() if v.is_floating_point()
                  and k.rsplit(".", 1)[0] not in schemes}
         for name, module in model.named_modules():
