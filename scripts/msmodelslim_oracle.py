@@ -34,9 +34,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from oracle_outputs import oracle_outputs
 from safetensors.torch import load_file, save_file
-
-N_PROMPTS, NEW_TOKENS, LOGIT_POSITIONS = 3, 8, 4
 
 
 def qal():
@@ -132,19 +131,7 @@ def oracle_model(model_dir: Path):
 @torch.no_grad()
 def write(model_dir: Path) -> None:
     model, tokenizer, desc = oracle_model(model_dir)
-    out: dict[str, torch.Tensor] = {}
-    questions = [f"What is {i * 7 + 3} plus {i * 11 + 5}? Explain step by step." for i in range(N_PROMPTS)]
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False) for q in questions]
-    width = min(len(i) for i in ids)
-    input_ids = torch.tensor([i[:width] for i in ids])
-    res = model(input_ids, output_hidden_states=True)
-    out["input_ids"] = input_ids
-    for i, h in enumerate(res.hidden_states[1:]):
-        out[f"hidden.{i}"] = h.contiguous()
-    out["logits"] = res.logits[:, -LOGIT_POSITIONS:].contiguous()  # the last positions: the rest is size
-    out["greedy"] = model.generate(input_ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                   pad_token_id=tokenizer.pad_token_id)
+    out = oracle_outputs(model, tokenizer)
     torch.manual_seed(0)
     x = torch.randn(2, 9, 64) * torch.logspace(-3, 3, 64)
     x[1, 4] = 0
