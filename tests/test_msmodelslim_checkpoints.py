@@ -80,6 +80,23 @@ def test_hidden_states_logits_and_greedy_tokens_equal_the_oracle(name, monkeypat
     assert torch.equal(greedy, oracle["greedy"])
 
 
+def test_the_integer_matmul_is_exact_on_either_path(monkeypatch):
+    """torch._int_mm where the CPU and build run it, else float64: the same int32 sums."""
+    from specft.quantized_checkpoints import msmodelslim
+
+    torch.manual_seed(0)
+    a = torch.randint(-128, 128, (5, 1536), dtype=torch.int8)
+    b = torch.randint(-128, 128, (1536, 96), dtype=torch.int8)
+    exact = a.long() @ b.long()
+    assert torch.equal(msmodelslim.int_matmul(a, b).long(), exact)
+
+    def unavailable(*args):
+        raise RuntimeError("_int_mm: not on this CPU")
+
+    monkeypatch.setattr(torch, "_int_mm", unavailable)
+    assert torch.equal(msmodelslim.int_matmul(a, b).long(), exact)
+
+
 def test_the_checkpoint_is_described_per_layer():
     ckpt = open_checkpoint(FIXTURES / "w8a8_static")
     assert ckpt.family == "msmodelslim"

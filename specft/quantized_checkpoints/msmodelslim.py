@@ -95,6 +95,15 @@ class StaticInt8Codes:
         return torch.round(scaled + self.offset.to(x.dtype)).clamp(INT8_MIN, INT8_MAX)
 
 
+def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact int8 x int8 -> int32 matmul: ``torch._int_mm`` where this build and CPU run it,
+    else float64, which is exact for these sums (|sum| < 2**53)."""
+    try:
+        return torch._int_mm(a, b)
+    except (RuntimeError, NotImplementedError):
+        return (a.double() @ b.double()).to(torch.int32)
+
+
 class StaticInt8Linear:
     """A W8A8 layer as ``npu_quant_matmul`` computes it: the integer sum of codes times
     INT8 weights, plus ``quant_bias``, exactly (int32), then times ``deq_scale`` in float32."""
@@ -105,7 +114,7 @@ class StaticInt8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         q = self.codes(x).to(torch.int8).reshape(-1, x.shape[-1])
-        acc = torch._int_mm(q, self.weight_t) + self.quant_bias
+        acc = int_matmul(q, self.weight_t) + self.quant_bias
         return (acc.to(torch.float32) * self.deq).to(x.dtype).reshape(*x.shape[:-1], -1)
 
 
