@@ -37,6 +37,11 @@ def detect_family(model_dir: str | Path) -> FormatFamily | None:
     return None
 
 
+def description_patterns() -> list[str]:
+    """Every family's quantization description files (for the checkpoint fingerprint)."""
+    return [p for n in CHECKPOINT_FORMATS.names for p in CHECKPOINT_FORMATS.get(n).description_files]
+
+
 def supported() -> list[str]:
     return [n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).supported]
 
@@ -56,5 +61,6 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
 # The families register themselves on import.
 from specft.quantized_checkpoints import compressed_tensors, modelopt, msmodelslim, others  # noqa: E402,F401,I001
 
-__all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "detect_family", "open_checkpoint",
+__all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "description_patterns", "detect_family",
+           "open_checkpoint",
            "read_config", "supported"]

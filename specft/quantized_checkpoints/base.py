@@ -43,10 +43,11 @@ def read_tensors(model_dir: Path, pattern: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def need(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
-    """A tensor the format requires, or one line naming it."""
+def need(tensors: dict[str, torch.Tensor], key: str, where: str = "") -> torch.Tensor:
+    """A tensor the format requires, or one line naming it (``where``: the layer, when
+    ``tensors`` holds one layer's by their local names)."""
     if key not in tensors:
-        raise SpecftError(f"model.path: {key} is missing from the checkpoint")
+        raise SpecftError(f"model.path: {where + '.' if where else ''}{key} is missing from the checkpoint")
     return tensors[key]
 
 
@@ -86,6 +87,9 @@ class FormatFamily:
 
     name: str = ""
     supported: bool = True
+    # files beside config.json that say how the checkpoint is quantized: their contents
+    # are part of the cache key's checkpoint fingerprint, as config.json's are
+    description_files: tuple[str, ...] = ()
 
     def detect(self, model_dir: Path) -> bool:
         raise NotImplementedError

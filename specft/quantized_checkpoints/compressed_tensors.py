@@ -169,12 +169,12 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], args: CTArgs, fmt: str, 
     """The dense weight of one layer, in its scale's dtype (FP4: bfloat16)."""
     if fmt in FP4_FORMATS:
         return _dequantize_fp4(tensors, args, fmt, name)
-    scale = _need(tensors, "weight_scale", name)
+    scale = need(tensors, "weight_scale", name)
     if fmt == "pack-quantized":
-        shape = tuple(int(v) for v in _need(tensors, "weight_shape", name).tolist())
-        q = unpack_int32(_need(tensors, "weight_packed", name), args.num_bits, shape[1])
+        shape = tuple(int(v) for v in need(tensors, "weight_shape", name).tolist())
+        q = unpack_int32(need(tensors, "weight_packed", name), args.num_bits, shape[1])
     else:
-        q = _need(tensors, "weight", name)
+        q = need(tensors, "weight", name)
         shape = tuple(q.shape)
     _check_scale_shape(scale, args, shape, name)
     zero = tensors.get("weight_zero_point")
@@ -192,13 +192,13 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], args: CTArgs, fmt: str, 
 
 
 def _dequantize_fp4(tensors: dict[str, torch.Tensor], args: CTArgs, fmt: str, name: str) -> torch.Tensor:
-    q = unpack_fp4(_need(tensors, "weight_packed", name))
-    scale = _need(tensors, "weight_scale", name)
+    q = unpack_fp4(need(tensors, "weight_packed", name))
+    scale = need(tensors, "weight_scale", name)
     _check_scale_shape(scale, args, tuple(q.shape), name)
     if fmt == "mxfp4-pack-quantized":  # E8M0: 2**(e - 127), in bfloat16 as the library decodes it
         scale = 2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)
     else:  # FP8 group scales relative to the tensor's global scale (float32: the product is float32)
-        scale = scale.to(q.dtype) / _need(tensors, "weight_global_scale", name)
+        scale = scale.to(q.dtype) / need(tensors, "weight_global_scale", name)
     return (q.to(scale.dtype) * broadcast_scale(scale, args, tuple(q.shape))).to(q.dtype)
 
 
@@ -207,11 +207,6 @@ def _check_scale_shape(scale: torch.Tensor, args: CTArgs, shape: tuple[int, int]
     if tuple(scale.shape) != want and not (want == (1,) and scale.numel() == 1):
         raise SpecftError(f"model.path: {name}.weight_scale has shape {list(scale.shape)}, but {args.describe()} "
                           f"scales of a {list(shape)} weight have {list(want)}")
-
-
-def _need(tensors: dict[str, torch.Tensor], key: str, name: str) -> torch.Tensor:
-    """A layer's tensor by its local key (``tensors`` holds one layer's)."""
-    return need({f"{name}.{k}": v for k, v in tensors.items()}, f"{name}.{key}")
 
 
 # -- activations --------------------------------------------------------------------------
@@ -273,8 +268,8 @@ class InputQuantizer:
 
 def input_quantizer(args: CTArgs, local: dict[str, torch.Tensor], name: str) -> InputQuantizer:
     if args.strategy == "tensor_group":  # NVFP4: a calibrated global scale over dynamic group scales
-        return InputQuantizer(args, global_scale=_need(local, "input_global_scale", name))
-    return InputQuantizer(args, None if args.dynamic else _need(local, "input_scale", name))
+        return InputQuantizer(args, global_scale=need(local, "input_global_scale", name))
+    return InputQuantizer(args, None if args.dynamic else need(local, "input_scale", name))
 
 
 # -- the family -----------------------------------------------------------------------------

@@ -57,6 +57,7 @@ class StaticFp8Input:
 
 class ModelOpt(FormatFamily):
     name = "modelopt"
+    description_files = (CONFIG_FILE,)
 
     def detect(self, model_dir: Path) -> bool:
         return (model_dir / CONFIG_FILE).is_file()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -95,13 +96,22 @@ class StaticInt8Codes:
         return torch.round(scaled + self.offset.to(x.dtype)).clamp(INT8_MIN, INT8_MAX)
 
 
+@cache
+def _int_mm_runs() -> bool:
+    """Whether this build and CPU run ``torch._int_mm`` (probed once, not per call)."""
+    try:
+        torch._int_mm(torch.ones(1, 8, dtype=torch.int8), torch.ones(8, 8, dtype=torch.int8))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
 def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Exact int8 x int8 -> int32 matmul: ``torch._int_mm`` where this build and CPU run it,
     else float64, which is exact for these sums (|sum| < 2**53)."""
-    try:
+    if _int_mm_runs():
         return torch._int_mm(a, b)
-    except (RuntimeError, NotImplementedError):
-        return (a.double() @ b.double()).to(torch.int32)
+    return (a.double() @ b.double()).to(torch.int32)
 
 
 class StaticInt8Linear:
@@ -188,6 +198,7 @@ SCHEME_SUMMARY = {"W8A8_DYNAMIC": "int8 {weights} weights, int8 token dynamic in
 
 class MsModelSlim(FormatFamily):
     name = "msmodelslim"
+    description_files = (DESCRIPTION_GLOB,)
 
     def detect(self, model_dir: Path) -> bool:
         return any(model_dir.glob(DESCRIPTION_GLOB))

@@ -14,7 +14,7 @@ from specft.config import ModelConfig
 from specft.device import resolve_dtype
 from specft.errors import ConfigError
 from specft.paths import models_dir
-from specft.quantized_checkpoints import open_checkpoint
+from specft.quantized_checkpoints import description_patterns, open_checkpoint
 from specft.registry import Registry
 from specft.target_model.local_checkpoint import ensure_checkpoint_dir
 from specft.target_model.tiny import build_tiny, tiny_dir_name
@@ -189,11 +189,6 @@ def _name_or_path(hf_config) -> str | None:
     return str(Path(where).resolve()) if where and Path(where).is_dir() else where
 
 
-# Files beside config.json that say how a checkpoint is quantized (msModelSlim, ModelOpt):
-# their contents are part of the fingerprint, as config.json's are.
-QUANT_DESCRIPTION_FILES = ("quant_model_description*.json", "hf_quant_config.json")
-
-
 def checkpoint_fingerprint(cfg: ModelConfig) -> str:
     """Identifies the weights a cache was built from: a local checkpoint's config (and
     quantization description) and weight files (names and sizes), or the hub id when
@@ -206,11 +201,12 @@ def checkpoint_fingerprint(cfg: ModelConfig) -> str:
         return f"hub:{where}"
     files = [root / gguf_file] if gguf_file else sorted(
         p for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".json") and p.is_file())
+    described_by = description_patterns()
     h = hashlib.sha256()
     for p in files:
         h.update(p.name.encode())
         h.update(str(p.stat().st_size).encode())
-        if p.name == "config.json" or any(fnmatch(p.name, q) for q in QUANT_DESCRIPTION_FILES):
+        if p.name == "config.json" or any(fnmatch(p.name, q) for q in described_by):
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
