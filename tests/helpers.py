@@ -41,3 +41,26 @@ def run_ranks(worker: str, nproc: int, *args: str) -> None:
                            "--master_port", str(free_port()), str(script), *args],
                           capture_output=True, text=True, timeout=300, cwd=script.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def float64_target(name: str):
+    """The tiny target in float64 with RMSNorm kept in float64 (transformers' upcasts to
+    float32, which would hide the fold's exactness behind float32 rounding)."""
+    import types
+
+    import torch
+
+    from specft.target_model import load_target
+
+    model, _ = load_target(model_cfg(name))
+    model = model.double().eval()
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")  # grouped_mm has no float64
+
+    def norm(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(norm, module)
+    return model

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from specft.cache.key import KEYED, NOT_KEYED, cache_key
+from specft.cache.key import KEYED, KEYED_WHEN_SET, NOT_KEYED, cache_key
 from specft.cache.manifest import provenance_hash
 
 from helpers import CONF, root_cfg
@@ -22,9 +22,10 @@ def test_every_field_is_classified_once(cls):
     assert keyed | skipped <= names, f"{cls.__name__}: classified fields that do not exist"
 
 
-def _without(value, cls_fields):
-    """asdict output less the NOT_KEYED fields (the key must equal the rest)."""
-    return {k: v for k, v in value.items() if k not in cls_fields}
+def _without(value, cls_fields, when_set=()):
+    """asdict output less the NOT_KEYED fields and the unset KEYED_WHEN_SET ones (the key
+    must equal the rest)."""
+    return {k: v for k, v in value.items() if k not in cls_fields and not (k in when_set and v is None)}
 
 
 SHIPPED = [("data", p.stem) for p in sorted((CONF / "data").glob("*.yaml"))] + \
@@ -47,7 +48,8 @@ def test_shipped_configs_keep_their_keys(group, name):
                       "quant=checkpoint"]
     cfg = root_cfg(*overrides)
     assert cache_key(cfg.data) == dataclasses.asdict(cfg.data)
-    assert cache_key(cfg.quant) == _without(dataclasses.asdict(cfg.quant), NOT_KEYED[type(cfg.quant)])
+    assert cache_key(cfg.quant) == _without(dataclasses.asdict(cfg.quant), NOT_KEYED[type(cfg.quant)],
+                                            KEYED_WHEN_SET[type(cfg.quant)])
     model = cache_key(cfg.model)
     assert model == _without(dataclasses.asdict(cfg.model), NOT_KEYED[type(cfg.model)])
 

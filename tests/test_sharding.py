@@ -36,6 +36,7 @@ def _cache(tmp_path, name, *overrides):
 @pytest.mark.parametrize("model, quant, sharding", [
     ("tiny_qwen3_moe", "mxfp4", "zero3"),
     ("tiny_qwen3_moe", "w4a16", "tp"),  # MoE experts split by transformers' plan
+    ("tiny_qwen3", "w8a8_int8_quarot", "zero3"),  # rotations folded through ZeRO-3's gathers
 ])
 def test_sharded_cache_equals_the_one_rank_cache(tmp_path, monkeypatch, model, quant, sharding):
     """Stated tolerance: fp32 storage, every hidden value within 1e-4 (absolute and

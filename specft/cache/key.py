@@ -16,6 +16,7 @@ from typing import Any
 from specft.config import DataConfig, ModelConfig, RegenerateConfig
 from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import TensorQuantSpec
+from specft.quant.rotation import RotationSpec
 
 # Fields that change the cached numbers: which conversations, their tokens and answers,
 # and how the target computes (its weights, quantization and dtype).
@@ -28,9 +29,14 @@ KEYED: dict[type, tuple[str, ...]] = {
                  "regenerate", "mix"),
     # batch_size: float32 padding effects flip a few greedy tokens between batch sizes.
     RegenerateConfig: ("enabled", "max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "seed"),
-    QuantConfig: ("name", "weight", "activation", "kv", "exclude", "calibration_samples"),
+    QuantConfig: ("name", "weight", "activation", "kv", "exclude", "calibration_samples", "rotation"),
     TensorQuantSpec: ("format", "scheme", "block_size", "scale_rule", "symmetric", "dynamic"),
+    RotationSpec: ("residual", "head", "online_qk", "online_down", "seed"),
 }
+
+# Keyed fields that join the key only when set: fields added after caches were named under
+# keys without them (a config that leaves them null keeps its old key).
+KEYED_WHEN_SET: dict[type, tuple[str, ...]] = {QuantConfig: ("rotation",)}
 
 # Fields that reach a keyed dataclass but not the cached numbers, and why.
 NOT_KEYED: dict[type, dict[str, str]] = {
@@ -46,6 +52,7 @@ NOT_KEYED: dict[type, dict[str, str]] = {
     # Keying it would rename every existing cache.
     QuantConfig: {"from_checkpoint": "keyed by the quant name (checkpoint) and the checkpoint fingerprint"},
     TensorQuantSpec: {},
+    RotationSpec: {},
 }
 
 
@@ -56,7 +63,9 @@ def cache_key(obj: Any) -> Any:
         fields = KEYED.get(type(obj))
         if fields is None:
             raise TypeError(f"cache key: {type(obj).__name__} has no field classification in specft/cache/key.py")
-        return {name: cache_key(getattr(obj, name)) for name in fields}
+        optional = KEYED_WHEN_SET.get(type(obj), ())
+        return {name: cache_key(getattr(obj, name)) for name in fields
+                if name not in optional or getattr(obj, name) is not None}
     if isinstance(obj, (list, tuple)):
         return [cache_key(v) for v in obj]
     if isinstance(obj, dict):

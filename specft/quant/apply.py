@@ -21,6 +21,14 @@ from torch import nn
 from specft.errors import ConfigError
 from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import TensorQuantSpec, fake_quant, static_scale
+from specft.quant.model_hooks import (
+    experts_forward,
+    input_shard_group,
+    install_attention_transform,
+    plain_weights,
+    untie_lm_head,
+)
+from specft.quant.rotation import rotate_model
 
 
 class ActivationQuantizer:
@@ -106,6 +114,7 @@ class QuantReport:
     quantizers: list[ActivationQuantizer] = field(default_factory=list, repr=False)
     kv_quantized: bool = False
     checkpoint: dict | None = None  # quant=checkpoint: the family, its scheme(s), each layer's
+    rotation: dict | None = None  # quant.rotation: each rotation's kind and size
 
     @property
     def quantized(self) -> list[LayerReport]:
@@ -120,6 +129,7 @@ class QuantReport:
         mean = sum(errs) / len(errs) if errs else 0.0
         kept = ", ".join(r.name for r in self.kept) or "none"
         kv = "; KV cache quantized" if self.kv_quantized else ""
+        kv += f"; rotated ({', '.join(self.rotation)})" if self.rotation else ""
         if self.checkpoint is not None:
             return (f"{self.checkpoint['family']} checkpoint ({self.checkpoint['summary']}): "
                     f"{len(self.quantized)} quantized layers; kept in high precision: {kept}")
@@ -131,6 +141,8 @@ class QuantReport:
                "static_scales": [float(q.scale) for q in self.quantizers if q.scale is not None]}
         if self.checkpoint is not None:
             out["checkpoint"] = self.checkpoint
+        if self.rotation is not None:
+            out["rotation"] = self.rotation
         return out
 
 
@@ -138,13 +150,6 @@ def _rel_mse(ref: torch.Tensor, q: torch.Tensor) -> float:
     ref = ref.double()
     denom = ref.pow(2).mean().item()
     return (q.double() - ref).pow(2).mean().item() / denom if denom > 0 else 0.0
-
-
-@contextmanager
-def plain_weights(param: nn.Parameter):
-    """The default weight editor: the parameter's own tensor. Sharded targets pass one
-    that gathers the full tensor and scatters the edit back (target/sharding.py)."""
-    yield param.data
 
 
 def _quantize_param_(param: nn.Parameter, spec: TensorQuantSpec, edit=plain_weights) -> float:
@@ -163,67 +168,12 @@ def _is_fused_experts(module: nn.Module) -> bool:
             and isinstance(down, nn.Parameter))
 
 
-def _quantized_experts_forward(quant_in: ActivationQuantizer, quant_mid: ActivationQuantizer):
-    """The Qwen3-MoE experts loop with each expert GEMM's input quantized."""
-
-    def forward(self, hidden_states, top_k_index, top_k_weights):
-        out = torch.zeros_like(hidden_states)
-        for expert in top_k_index.unique().tolist():
-            if expert >= self.num_experts:
-                continue
-            token_idx, slot = torch.where(top_k_index == expert)
-            x = quant_in(hidden_states[token_idx])
-            gate, up = nn.functional.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = quant_mid(self.act_fn(gate) * up)
-            h = nn.functional.linear(h, self.down_proj[expert])
-            h = h * top_k_weights[token_idx, slot, None]
-            out.index_add_(0, token_idx, h.to(out.dtype))
-        return out
-
-    return forward
-
-
-def _input_shard_group(weight: nn.Parameter, dim: int = 1):
-    """The process group a row-parallel Linear splits its input over (weight [out, in]
-    sharded on dim 1 by a tensor-parallel plan), else None."""
-    from torch.distributed.tensor import DTensor, Shard
-
-    data = weight.data
-    if isinstance(data, DTensor) and any(isinstance(p, Shard) and p.dim == dim for p in data.placements):
-        return data.device_mesh.get_group()
-    return None
-
-
-def _untie_lm_head(model: nn.Module) -> None:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if head is not None and emb is not None and head.weight is emb.weight:
-        head.weight = nn.Parameter(emb.weight.detach().clone())
-
-
 def _install_kv_quant(model: nn.Module, spec: TensorQuantSpec, report: QuantReport) -> None:
-    """Wrap the model's attention function so keys (after RoPE) and values are quantized
-    before attention reads them. Per-token scales are idempotent, so re-quantizing past
-    cache entries at every step changes nothing."""
-    from transformers import AttentionInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    base_name = model.config._attn_implementation or "sdpa"
-    base = ALL_ATTENTION_FUNCTIONS[base_name] if base_name != "eager" else None
+    """Keys (after RoPE) and values quantized before attention reads them. Per-token
+    scales are idempotent, so re-quantizing past cache entries at every step changes nothing."""
     quant_k, quant_v = ActivationQuantizer(spec), ActivationQuantizer(spec)
     report.quantizers += [quant_k, quant_v]
-
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        key, value = quant_k(key), quant_v(value)
-        if base is None:
-            from transformers.models.llama.modeling_llama import eager_attention_forward
-
-            return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        return base(module, query, key, value, attention_mask, **kwargs)
-
-    name = f"specft_kv_{id(model)}"
-    AttentionInterface.register(name, attention)
-    model.set_attn_implementation(name)
+    install_attention_transform(model, lambda q, k, v: (q, quant_k(k), quant_v(v)))
     report.kv_quantized = True
 
 
@@ -235,10 +185,12 @@ def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> Quant
     if cfg.from_checkpoint:
         return apply_checkpoint_quant(model)
     report = QuantReport()
+    if cfg.rotation is not None:
+        report.rotation = rotate_model(model, cfg.rotation, edit)
     if cfg.weight is None and cfg.activation is None and cfg.kv is None:
         return report
     if not any(fnmatch.fnmatch("lm_head", pat) for pat in cfg.exclude):
-        _untie_lm_head(model)  # quantizing a tied head must not touch the embeddings
+        untie_lm_head(model)  # quantizing a tied head must not touch the embeddings
     shared = SharedInput()
     for name, module in model.named_modules():
         is_linear = isinstance(module, nn.Linear)
@@ -252,7 +204,7 @@ def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> Quant
             err = _quantize_param_(module.weight, cfg.weight, edit) if cfg.weight else None
             if cfg.activation is not None:
                 quant = ActivationQuantizer(cfg.activation)
-                quant.shard_group = _input_shard_group(module.weight)
+                quant.shard_group = input_shard_group(module.weight)
                 report.quantizers.append(quant)
                 module.register_forward_pre_hook(lambda m, args, q=quant: (shared(q, args[0]), *args[1:]))
             report.layers.append(LayerReport(name, "linear", err))
@@ -262,12 +214,12 @@ def apply_quant(model: nn.Module, cfg: QuantConfig, edit=plain_weights) -> Quant
                 err = (_quantize_param_(module.gate_up_proj, cfg.weight, edit)
                        + _quantize_param_(module.down_proj, cfg.weight, edit)) / 2
             if cfg.activation is not None:
-                if _input_shard_group(module.down_proj, dim=2) is not None:
+                if input_shard_group(module.down_proj, dim=2) is not None:
                     raise ConfigError(f"quant.activation: {name} is split by a tensor-parallel plan; quantized "
                                       "activations inside fused MoE experts need cache.sharding=zero3")
                 q_in, q_mid = ActivationQuantizer(cfg.activation), ActivationQuantizer(cfg.activation)
                 report.quantizers += [q_in, q_mid]
-                module.forward = types.MethodType(_quantized_experts_forward(q_in, q_mid), module)
+                module.forward = types.MethodType(experts_forward(q_in, q_mid), module)
             report.layers.append(LayerReport(name, "experts", err))
     if cfg.kv is not None:
         _install_kv_quant(model, cfg.kv, report)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from specft.quant.fake_quant import TensorQuantSpec
+from specft.quant.rotation import RotationSpec
 
 
 @dataclass
@@ -15,6 +16,8 @@ class QuantConfig:
     weight: TensorQuantSpec | None = None
     activation: TensorQuantSpec | None = None
     kv: TensorQuantSpec | None = None  # the target's KV cache (keys after RoPE, values)
+    # QuaRot-style rotations folded into (and run inside) the target before it is quantized.
+    rotation: RotationSpec | None = None
     # Module-name globs kept in high precision (lm_head, embeddings, MoE router).
     exclude: list[str] = field(default_factory=lambda: ["lm_head", "*embed_tokens*", "*.mlp.gate"])
     # Samples run through the model to calibrate static (dynamic: false) activation scales.
@@ -22,10 +25,6 @@ class QuantConfig:
     # quant=checkpoint: nothing is emulated; the target runs as its quantized checkpoint
     # (model.path) says it is served (specft/quantized_checkpoints/).
     from_checkpoint: bool = False
-
-    @property
-    def is_noop(self) -> bool:
-        return self.weight is None and self.activation is None and self.kv is None and not self.from_checkpoint
 
     @property
     def needs_calibration(self) -> bool:
