@@ -30,6 +30,15 @@ a GPTQ W4A16 checkpoint made by scripts/make_checkpoints.py:
     python scripts/quant_alignment.py --out-dir runs/ckpt_study --qat-quants '' \
         --targets 'rtn_w4a16=emulate:w4a16;quant.weight.block_size=32,gptq_w4a16=checkpoint:ckpts/w4a16_g32_gptq:rtn_w4a16' \
         --parts base,rtn_w4a16-ours,gptq_w4a16-ours,gptq_w4a16-eval
+
+Rotated targets (docs/results.md, "Rotated targets"): on a target quantized with a rotation
+(a conf/quant config with a rotation block), `<quant>-fold` folds the rotation into the
+baseline (`specft fold-rotation`) and `<quant>-eval` evaluates the baseline as is, folded,
+and specft's draft trained on the rotated target; `<quant>-baseeval` evaluates the
+baseline alone on a target (the unrotated reference of the same format):
+
+    python scripts/quant_alignment.py --out-dir runs/rotated --qat-quants '' \
+        --parts base,w8a8_int8_quarot-fold,w8a8_int8_quarot-ours,w8a8_int8_quarot-eval,w8a8_int8-baseeval
 """
 
 from __future__ import annotations
@@ -87,8 +96,26 @@ class Experiment:
                 f"seed={a.seed}", f"run_dir={run_dir}", *extra]
         self.timed(name, args, run_dir / "checkpoints" / "final")
 
+    def rotated(self, name: str) -> bool:
+        """Whether a target is an emulated format with a rotation block (conf/quant)."""
+        from specft.quant.config import load_quant_config
+
+        kind, _, spec = self.targets.get(name, f"emulate:{name}").partition(":")
+        return kind == "emulate" and load_quant_config(spec.split(";")[0]).rotation is not None
+
+    def folded(self, quant: str) -> Path:
+        return self.out / f"base-folded-{quant}"
+
+    def fold(self, quant: str) -> None:
+        """The 16-bit recipe's draft with the target's rotation folded in (no training)."""
+        self.timed(f"fold the rotation of {quant} into the baseline",
+                   ["fold-rotation", str(self.base), str(self.folded(quant)), "--rotation", quant],
+                   self.folded(quant) / "draft.safetensors")
+
     def draft_dirs(self, quant: str) -> list[tuple[str, Path]]:
         drafts = [("baseline_16bit", self.base), ("specft", self.out / f"ours-{quant}")]
+        if self.rotated(quant):
+            drafts.insert(1, ("baseline_folded", self.folded(quant)))
         emulated = self.compared(quant)
         if emulated:
             drafts.insert(1, ("specft_emulated", self.out / f"ours-{emulated}"))
@@ -101,7 +128,8 @@ class Experiment:
         would alone), latency at batch 1 on GSM8K at --latency-k."""
         a = self.args
         for label, path in drafts:
-            while not (path / "checkpoints" / "final").exists():  # trained by another part
+            while not any((p / "draft.safetensors").exists() for p in (path, path / "checkpoints" / "final")):
+                # trained (or folded) by another part
                 print(f"[wait] for {label} at {path}", flush=True)
                 time.sleep(60)
         largest = a.batch_sizes.split(",")[-1]
@@ -122,11 +150,15 @@ class Experiment:
             self.summarize()
 
     def run_part(self, part: str) -> None:
-        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-eval"""
+        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-eval | <quant>-fold | <quant>-baseeval"""
         if part == "base":
             self.train("train baseline (bf16 target)", "bf16", self.base)
         elif part == "base-eval":
             self.evaluate("bf16", [("baseline_on_bf16", self.base)], alone=False)
+        elif part.endswith("-fold"):
+            self.fold(part.removesuffix("-fold"))
+        elif part.endswith("-baseeval"):  # the reference: the 16-bit draft on a target of its own
+            self.evaluate(part.removesuffix("-baseeval"), [("baseline_16bit", self.base)], alone=self.args.eval_alone)
         else:
             quant, _, step = part.rpartition("-")
             if step == "ours":
@@ -137,7 +169,8 @@ class Experiment:
             elif step == "eval":
                 self.evaluate(quant, self.draft_dirs(quant), alone=self.args.eval_alone)
             else:
-                raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, <quant>-eval")
+                raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, <quant>-eval, "
+                                 "<quant>-fold, <quant>-baseeval")
 
     def summarize(self) -> None:
         rows, walls, comparisons = [], {}, []

@@ -20,11 +20,12 @@ from specft.errors import ConfigError, ReportedError, SpecftError
 from specft.logs import setup_logging
 from specft.paths import conf_dir
 
-COMMANDS = ("cache", "train", "eval", "export", "plan", "info")
+COMMANDS = ("cache", "train", "eval", "export", "fold-rotation", "plan", "info")
 JOB_COMMANDS = ("cache", "train", "eval")  # Hydra jobs: checked whole before Hydra runs
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR [--verify]  # what a cache holds; --verify checks every checksum
        specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp] [--quant auto|none|fp8|mxfp4]
+       specft fold-rotation CHECKPOINT OUT_DIR --rotation QUANT|R1.safetensors  # a 16-bit draft for a rotated target
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8
@@ -324,6 +325,29 @@ def _export(args: list[str]) -> int:
     return 0
 
 
+def _fold_rotation(args: list[str]) -> int:
+    import argparse
+
+    from specft.export.rotation_fold import fold_rotation
+
+    parser = argparse.ArgumentParser(prog="specft fold-rotation", description="Fold a target's residual rotation "
+                                     "into a 16-bit EAGLE-3 draft, so it drafts for the rotated target untrained.")
+    parser.add_argument("checkpoint", help="a run dir, its checkpoints/final, or a checkpoint folder")
+    parser.add_argument("out_dir", help="the folded draft's checkpoint folder (eval and export read it)")
+    parser.add_argument("--rotation", required=True,
+                        help="a quant config with a rotation block (w8a8_int8_quarot), or a .safetensors file "
+                             "holding R1 (the quantizer's, or scripts/recover_rotation.py's)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier fold in a non-empty OUT_DIR")
+    ns = parser.parse_args(args)
+    try:
+        out = fold_rotation(ns.checkpoint, ns.out_dir, ns.rotation, ns.overwrite)
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"folded the rotation into the draft at {out}")
+    return 0
+
+
 def _plan(overrides: list[str]) -> int:
     """Arithmetic only: composed without a Hydra job (nothing is written)."""
     from specft.plan import run_plan
@@ -355,9 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "info":
         return _info(overrides)
-    if command == "export":
+    if command in ("export", "fold-rotation"):
         setup_logging()
-        return _export(overrides)
+        return (_export if command == "export" else _fold_rotation)(overrides)
     setup_logging()
     fail_fast = "--fail-fast" in overrides
     overrides = [a for a in overrides if a != "--fail-fast"]

@@ -204,7 +204,7 @@ def test_target_view_in_vocab_chunks_equals_the_whole_head():
         torch.testing.assert_close(view.probs, torch.softmax(logits[..., d2t], -1), rtol=1e-5, atol=1e-7)
 
 
-def test_eval_draft_shares_the_target_embedding_only_when_it_is_a_copy():
+def test_eval_draft_reads_the_target_embedding_as_served():
     from specft.eval.drafts import share_target_embedding
     from specft.eval.runner import _bytes
 
@@ -222,11 +222,14 @@ def test_eval_draft_shares_the_target_embedding_only_when_it_is_a_copy():
 
     draft = Eagle3Draft(c, emb, torch.arange(20))
     alone = _bytes(draft)
-    other = Target(emb + 1e-3)
-    assert not share_target_embedding(draft, other) and draft.embed_tokens is not other.embed
     target = Target(emb)
     assert share_target_embedding(draft, target) and draft.embed_tokens is target.embed
     assert _bytes(draft, shared_with=target) == alone - emb.numel() * 4
+    # A target whose embedding moved (rotated): served drafts read the target's, so does eval.
+    other = Target(emb + 1e-3)
+    assert share_target_embedding(draft, other) and draft.embed_tokens is other.embed
+    wide = Target(torch.randn(50, 32))  # a draft of another width learned its own
+    assert not share_target_embedding(draft, wide) and draft.embed_tokens is not wide.embed
 
 
 def test_draft_layer_starts_from_a_target_layer():

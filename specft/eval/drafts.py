@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import fields
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from safetensors.torch import load_file
 
 from specft.drafts import DRAFT_ARCHS, DraftHeadConfig
 from specft.errors import SpecftError
+
+log = logging.getLogger(__name__)
 
 
 def resolve_checkpoint(path: str | Path, field: str = "eval.drafts") -> Path:
@@ -68,14 +71,17 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32, field: str 
 
 
 def share_target_embedding(draft, target) -> bool:
-    """Give the draft the target's own input embedding when its frozen copy holds the same
-    values, as serving engines do (vLLM and SGLang give an EAGLE-3 or MTP draft the
-    target's embedding): the draft then adds only its own weights to memory. A draft with
-    an embedding of its own (another width, learned) keeps it."""
+    """Give the draft the target's own input embedding, as serving engines do (vLLM and
+    SGLang give an EAGLE-3 or MTP draft whose export carries no embedding the target's):
+    the draft then adds only its own weights to memory. A draft of the target's width holds
+    a frozen copy of the embedding it was trained with; where that copy differs from this
+    target's (a rotated target), the target's is the one served, so it is the one measured.
+    A draft with an embedding of its own (another width, learned) keeps it."""
     mine, theirs = getattr(draft, "embed_tokens", None), target.get_input_embeddings()
     if mine is None or mine is theirs or mine.weight.shape != theirs.weight.shape:
         return False
     if not torch.equal(mine.weight, theirs.weight.to(mine.weight.dtype)):
-        return False
+        log.warning("eval: a draft's copy of the embedding differs from this target's; it reads the target's, "
+                    "as it would when served")
     draft.embed_tokens = theirs
     return True

@@ -1,0 +1,48 @@
+"""Recover the residual rotation R1 a quantizer folded into a checkpoint, from the
+unrotated and rotated checkpoints' input embeddings (orthogonal Procrustes), and write it
+for `specft fold-rotation --rotation R1.safetensors`.
+
+    python scripts/recover_rotation.py BASE_DIR ROTATED_DIR OUT.safetensors
+
+Prints the relative residual |E_base R - E_rot| / |E_rot| (the storage rounding when the
+rotation is exact) and R's distance from orthogonality.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from specft.export.rotation_fold import recover_rotation
+
+
+def input_embedding(folder: Path) -> torch.Tensor:
+    """The embed_tokens weight from a HF checkpoint folder (sharded or not)."""
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                if key.endswith("embed_tokens.weight"):
+                    return f.get_tensor(key)
+    raise SystemExit(f"error: no embed_tokens.weight in {folder}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("base", type=Path)
+    ap.add_argument("rotated", type=Path)
+    ap.add_argument("out", type=Path)
+    a = ap.parse_args()
+    r, residual = recover_rotation(input_embedding(a.base), input_embedding(a.rotated))
+    save_file({"R1": r.contiguous()}, str(a.out))
+    ortho = (r @ r.T - torch.eye(r.shape[0], dtype=torch.float64)).abs().max().item()
+    print(json.dumps({"size": r.shape[0], "relative_residual": residual, "max_orthogonality_error": ortho,
+                      "out": str(a.out)}))
+
+
+if __name__ == "__main__":
+    main()

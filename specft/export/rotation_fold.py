@@ -1,0 +1,122 @@
+"""`specft fold-rotation CHECKPOINT OUT_DIR --rotation SOURCE`: make a 16-bit EAGLE-3
+draft read a target whose residual stream is rotated (x -> x @ R1, quant/rotation.py),
+with no retraining.
+
+The draft reads two things from the target: the aux layers' outputs (rotated) and the
+token embedding it shares with the target when served (rotated too). So:
+- fc: W[:, block j] <- W[:, block j] @ R1 for each aux layer j (fc(x @ R1) = fc(x));
+- the first layer's embedding norm: its scale is fused into the embedding half of q/k/v,
+  W[:, :H] <- (W[:, :H] * gamma) @ R1, and set to ones (norm(e @ R1) = norm(e) @ R1
+  without a scale);
+- its frozen embedding copy <- E @ R1, the target's rotated one.
+In float64 the folded draft on the rotated target computes what the original computes on
+the original target. R1 comes from a quant config with a rotation block (rebuilt from its
+kind and seed) or from a .safetensors file holding the matrix: the quantizer's saved R1, or
+one recovered from the two checkpoints (scripts/recover_rotation.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specft.errors import SpecftError
+
+ORTHOGONALITY_TOLERANCE = 1e-4  # a saved or recovered matrix in float32 is orthogonal to ~1e-6
+
+
+def rotation_matrix(source: str, size: int) -> tuple[torch.Tensor, dict]:
+    """(R1 in float64, a record of where it came from)."""
+    if source.endswith(".safetensors"):
+        return _matrix_file(Path(source).expanduser(), size), {"file": str(Path(source).expanduser().resolve())}
+    from specft.quant.config import load_quant_config
+    from specft.quant.orthogonal import orthogonal
+
+    rotation = load_quant_config(source, "--rotation").rotation
+    if rotation is None or not rotation.residual:
+        raise SpecftError(f"--rotation: quant config {source!r} rotates no residual stream (no rotation.residual)")
+    return orthogonal(rotation.residual, size, rotation.seed, "--rotation"), \
+        {"quant": source, "kind": rotation.residual, "seed": rotation.seed}
+
+
+def _matrix_file(path: Path, size: int) -> torch.Tensor:
+    if not path.is_file():
+        raise SpecftError(f"--rotation: no file {path}")
+    tensors = load_file(str(path))
+    if len(tensors) != 1:
+        raise SpecftError(f"--rotation: {path} holds {len(tensors)} tensors ({', '.join(sorted(tensors)[:4])}); "
+                          "give a file with the one matrix")
+    (r,) = tensors.values()
+    r = r.double()
+    if r.shape != (size, size):
+        raise SpecftError(f"--rotation: {path} holds a {tuple(r.shape)} matrix; the draft's target is {size} wide")
+    err = (r @ r.T - torch.eye(size, dtype=torch.float64)).abs().max().item()
+    if err > ORTHOGONALITY_TOLERANCE:
+        raise SpecftError(f"--rotation: {path} is not orthogonal (max |R R^T - I| = {err:.2e})")
+    return r
+
+
+def fold_into_eagle3(state: dict[str, torch.Tensor], meta: dict, r1: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The folded state dict (new tensors, same dtypes)."""
+    width = meta.get("target_hidden_size") or meta["hidden_size"]
+    out = dict(state)
+
+    def set_(name, fn):
+        out[name] = fn(state[name].double()).to(state[name].dtype)
+
+    blocks = state["fc.weight"].shape[1] // width
+    set_("fc.weight", lambda w: torch.cat([w[:, j * width:(j + 1) * width] @ r1 for j in range(blocks)], 1))
+    if meta["hidden_size"] == width:  # the draft reads the target's embedding (not one it learned)
+        gamma = state["midlayer.input_layernorm.weight"].double()
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            name = f"midlayer.self_attn.{proj}.weight"
+            set_(name, lambda w: torch.cat([(w[:, :width] * gamma) @ r1, w[:, width:]], 1))
+        set_("midlayer.input_layernorm.weight", torch.ones_like)
+        set_("embed_tokens.weight", lambda e: e @ r1)
+    return out
+
+
+def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, overwrite: bool = False) -> Path:
+    """Write OUT_DIR: the draft checkpoint at ``checkpoint`` folded for the rotation
+    ``source``, a checkpoint folder that `specft eval` and `specft export` read."""
+    from specft.eval.drafts import load_draft, resolve_checkpoint
+    from specft.export import _check_out_dir
+
+    folder = resolve_checkpoint(checkpoint, "checkpoint")
+    out = _check_out_dir(Path(out_dir).expanduser(), overwrite)
+    _, meta = load_draft(folder, field="checkpoint")  # a damaged checkpoint is one line, first
+    if meta.get("architecture", "eagle3") != "eagle3":
+        raise SpecftError(f"checkpoint: {folder} holds an {meta['architecture']} draft; fold-rotation folds EAGLE-3 drafts")
+    if meta.get("draft_quant"):
+        raise SpecftError(f"checkpoint: {folder} is quantization-aware (draft.quant={meta['draft_quant']}); folding "
+                          "would move its weights off their grid: fold a 16-bit draft")
+    if meta.get("rotation"):
+        raise SpecftError(f"checkpoint: {folder} is already folded ({meta['rotation']})")
+    r1, record = rotation_matrix(source, meta.get("target_hidden_size") or meta["hidden_size"])
+    state = fold_into_eagle3(load_file(str(folder / "draft.safetensors")), meta, r1)
+    out.mkdir(parents=True, exist_ok=True)
+    # Each file beside its final name, then renamed: a failed fold leaves no half checkpoint.
+    save_file(state, str(out / ".draft.safetensors.tmp"))
+    (out / ".draft_config.json.tmp").write_text(json.dumps({**meta, "rotation": record}, indent=2))
+    if (folder / "config.yaml").exists():
+        shutil.copyfile(folder / "config.yaml", out / "config.yaml")  # the target facts export reads
+    for name in ("draft.safetensors", "draft_config.json"):
+        (out / f".{name}.tmp").replace(out / name)
+    return out
+
+
+def recover_rotation(base_embedding: torch.Tensor, rotated_embedding: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """R1 from the two checkpoints' embeddings (rotated = base @ R1; embeddings are kept in
+    high precision by every rotating quantizer here): the orthogonal Procrustes solution,
+    R = U V^T from the SVD of base^T rotated, in float64. Returns (R, relative residual
+    |base @ R - rotated| / |rotated|), which is the storage rounding for an exact rotation."""
+    a, b = base_embedding.double(), rotated_embedding.double()
+    if a.shape != b.shape:
+        raise SpecftError(f"recover rotation: the embeddings differ in shape ({tuple(a.shape)} vs {tuple(b.shape)})")
+    u, _, vt = torch.linalg.svd(a.T @ b)
+    r = u @ vt
+    return r, ((a @ r - b).norm() / b.norm()).item()
