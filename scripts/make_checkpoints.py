@@ -9,6 +9,9 @@ its own, never in specft's (docs/checkpoints.md):
     .venv-quant/bin/python scripts/make_checkpoints.py --model DIR --out OUT \
         --schemes fp8_dynamic,w8a8_int8_sq_gptq,w4a16_g32_gptq
 
+A scheme with run-time transforms (w8a8_int8_spinquant) also gets OUT/<scheme>/oracle.safetensors:
+what llm-compressor's own in-memory model computed (scripts/oracle_outputs.py).
+
 DIR is a plain Hugging Face checkpoint (tiny Qwen3: `$SPECFT_HOME/models/tiny_qwen3-*`;
 SmolLM2: the converted copy `$SPECFT_HOME/models/smollm2_135m`). Each scheme goes to
 OUT/<scheme>/ with the tokenizer, and OUT/made.json records the tool versions, the
@@ -35,6 +38,7 @@ def _scheme(weights: dict, activations: dict | None = None):
 def _recipes():
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
+    from llmcompressor.modifiers.transform import SpinQuantModifier
 
     ignore = ["lm_head"]
     int8_token = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
@@ -76,6 +80,12 @@ def _recipes():
         # inputs in groups of 32 (the OCP MX preset)
         "mxfp4": (lambda: [QuantizationModifier(targets="Linear", scheme="MXFP4", ignore=ignore)], False),
         "mxfp4a16": (lambda: [QuantizationModifier(targets="Linear", scheme="MXFP4A16", ignore=ignore)], False),
+        # SpinQuant's Hadamard rotations (R1 residual and R2 per head fused into the weights,
+        # R4 before down_proj left for run time), then INT8 weights per channel and dynamic
+        # INT8 inputs per token (the W8A8 preset). Widths must be powers of two (tiny Qwen3).
+        "w8a8_int8_spinquant": (lambda: [
+            SpinQuantModifier(rotations=["R1", "R2", "R4"], transform_type="hadamard"),
+            QuantizationModifier(targets="Linear", scheme="W8A8", ignore=ignore)], False),
     }
 
 
@@ -110,8 +120,18 @@ def make(model_dir: Path, out: Path, scheme: str, calib, recipes) -> dict:
     oneshot(model=model, recipe=modifiers(), **kwargs)
     seconds = time.perf_counter() - t0
     target = out / scheme
+    oracle = None
+    if any(n.endswith("_input") for n, _ in model.named_modules()):
+        # Run-time transforms: transformers' loader drops them (it reports their matrices as
+        # unexpected keys), so the oracle is this in-memory model, before it is compressed.
+        from oracle_outputs import oracle_outputs
+        from safetensors.torch import save_file
+
+        oracle = oracle_outputs(model.eval(), tokenizer)
     model.save_pretrained(target, save_compressed=True)
     tokenizer.save_pretrained(target)
+    if oracle is not None:
+        save_file(oracle, str(target / "oracle.safetensors"))
     return {"scheme": scheme, "seconds": round(seconds, 1), "calibration_samples": len(calib) if needs_data else 0,
             "quantization_config": json.loads((target / "config.json").read_text()).get("quantization_config")}
 

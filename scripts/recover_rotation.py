@@ -5,7 +5,8 @@ for `specft fold-rotation --rotation R1.safetensors`.
     python scripts/recover_rotation.py BASE_DIR ROTATED_DIR OUT.safetensors
 
 Prints the relative residual |E_base R - E_rot| / |E_rot| (the storage rounding when the
-rotation is exact) and R's distance from orthogonality.
+rotation is exact), whether the base embedding had to be centered first (llm-compressor's
+SpinQuant centers it), and R's distance from orthogonality.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def main() -> None:
     ap.add_argument("rotated", type=Path)
     ap.add_argument("out", type=Path)
     a = ap.parse_args()
-    r, residual = recover_rotation(input_embedding(a.base), input_embedding(a.rotated))
+    r, residual, centered = recover_rotation(input_embedding(a.base), input_embedding(a.rotated))
     save_file({"R1": r.contiguous()}, str(a.out))
     ortho = (r @ r.T - torch.eye(r.shape[0], dtype=torch.float64)).abs().max().item()
-    print(json.dumps({"size": r.shape[0], "relative_residual": residual, "max_orthogonality_error": ortho,
+    print(json.dumps({"size": r.shape[0], "relative_residual": residual, "base_centered": centered,
+                      "max_orthogonality_error": ortho,
                       "out": str(a.out)}))
 
 

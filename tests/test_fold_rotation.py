@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from specft.config import aux_layer_ids
 from specft.decoding.engine import SpecDecoder
@@ -126,9 +126,20 @@ def test_fold_reads_a_saved_matrix_and_refuses_bad_ones(tmp_path, targets):
 
 def test_rotation_is_recovered_from_the_two_checkpoints(targets):
     model, rotated = targets
-    r, residual = recover_rotation(model.get_input_embeddings().weight, rotated.get_input_embeddings().weight)
-    assert residual < 1e-12 and (r - orthogonal("hadamard", H)).abs().max() < 1e-10
+    r, residual, centered = recover_rotation(model.get_input_embeddings().weight, rotated.get_input_embeddings().weight)
+    assert residual < 1e-12 and not centered and (r - orthogonal("hadamard", H)).abs().max() < 1e-10
     # From float32 storage the recovery is as good as the storage (measured ~1e-7).
-    r, residual = recover_rotation(model.get_input_embeddings().weight.float(),
-                                   rotated.get_input_embeddings().weight.float())
+    r, residual, _ = recover_rotation(model.get_input_embeddings().weight.float(),
+                                      rotated.get_input_embeddings().weight.float())
     assert residual < 1e-6 and (r - orthogonal("hadamard", H)).abs().max() < 1e-5
+
+
+def test_rotation_is_recovered_from_llm_compressors_spinquant_checkpoint():
+    """The real thing: llm-compressor centered the embedding, then rotated it by its
+    Hadamard R1 (the fixture of tests/test_transform_checkpoints.py, made from this base)."""
+    from test_transform_checkpoints import FIXTURE
+
+    base = float64_target("tiny_qwen3").get_input_embeddings().weight.float()
+    rotated = load_file(str(FIXTURE / "model.safetensors"))["model.embed_tokens.weight"]
+    r, residual, centered = recover_rotation(base, rotated)
+    assert centered and residual < 1e-6 and (r - orthogonal("hadamard", H)).abs().max() < 1e-6

@@ -109,14 +109,21 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
     return out
 
 
-def recover_rotation(base_embedding: torch.Tensor, rotated_embedding: torch.Tensor) -> tuple[torch.Tensor, float]:
+def recover_rotation(base_embedding: torch.Tensor, rotated_embedding: torch.Tensor) -> tuple[torch.Tensor, float, bool]:
     """R1 from the two checkpoints' embeddings (rotated = base @ R1; embeddings are kept in
     high precision by every rotating quantizer here): the orthogonal Procrustes solution,
-    R = U V^T from the SVD of base^T rotated, in float64. Returns (R, relative residual
-    |base @ R - rotated| / |rotated|), which is the storage rounding for an exact rotation."""
+    R = U V^T from the SVD of base^T rotated, in float64. llm-compressor's SpinQuant first
+    centers each embedding row (subtracts its mean), so the base is tried as is and
+    centered, and the better fit kept. Returns (R, relative residual |base @ R - rotated| /
+    |rotated|, whether the base was centered); for an exact rotation the residual is the
+    storage rounding."""
     a, b = base_embedding.double(), rotated_embedding.double()
     if a.shape != b.shape:
         raise SpecftError(f"recover rotation: the embeddings differ in shape ({tuple(a.shape)} vs {tuple(b.shape)})")
-    u, _, vt = torch.linalg.svd(a.T @ b)
-    r = u @ vt
-    return r, ((a @ r - b).norm() / b.norm()).item()
+    fits = []
+    for centered, base in ((False, a), (True, a - a.mean(-1, keepdim=True))):
+        u, _, vt = torch.linalg.svd(base.T @ b)
+        r = u @ vt
+        fits.append((((base @ r - b).norm() / b.norm()).item(), centered, r))
+    residual, centered, r = min(fits, key=lambda f: f[0])
+    return r, residual, centered

@@ -25,10 +25,19 @@ against that library in tests/test_quantized_checkpoints.py:
   from the group's amax rounded to the element's mantissa width (specft's "even" MX rule);
 - dynamic "token" scales reduce every dim but the first two (a [B, T, H] input: per
   token), as the library does.
+
+Transforms (``transform_config``: llm-compressor's SpinQuant and QuIP rotations): those at
+``weight_input`` / ``weight_output`` are already fused into the saved weights; those at
+``input`` run here as the library runs them, before the input quantizer: the module's
+saved ``<group>_input.weight`` W (its transpose when ``inverse``), x -> (x @ W) / sqrt(n)
+in W's precision (float64) and back, block-diagonal when W is narrower than the input
+(compressed_tensors/transform/factory/hadamard.py). Other run-time places (output, the
+KV cache, queries) and randomized or matrix transforms are refused with one line.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,6 +281,85 @@ def input_quantizer(args: CTArgs, local: dict[str, torch.Tensor], name: str) -> 
     return InputQuantizer(args, None if args.dynamic else need(local, "input_scale", name))
 
 
+# -- transforms left for run time -------------------------------------------------------------
+
+FUSED_LOCATIONS = ("weight_input", "weight_output")  # folded into the saved weights
+ONLINE_KINDS = ("hadamard", "random-hadamard")  # saved unnormalized; applied / sqrt(n)
+
+
+@dataclass
+class OnlineTransform:
+    """One ``apply`` entry of a transform group that runs at a module's input."""
+
+    group: str
+    kind: str
+    targets: list[str]
+    ignore: list[str]
+    inverse: bool
+    head_dim: int | None  # block size; None: the module's input width
+
+    @property
+    def tensor(self) -> str:
+        return f"{self.group}_input.weight"  # the library's submodule name: <group>_<location>
+
+
+def online_transforms(tcfg: dict) -> list[OnlineTransform]:
+    out = []
+    for gname, scheme in (tcfg.get("config_groups") or {}).items():
+        kind = scheme.get("type")
+        for args in scheme.get("apply") or []:
+            where = args.get("location")
+            if where in FUSED_LOCATIONS:
+                continue
+            if where != "input" or kind not in ONLINE_KINDS or scheme.get("randomize"):
+                raise SpecftError(f"quant=checkpoint: transform {gname} runs at {where} ({kind}"
+                                  f"{', randomized' if scheme.get('randomize') else ''}), which specft cannot run "
+                                  f"yet; supported at run time: input rotations of kind {' or '.join(ONLINE_KINDS)}")
+            out.append(OnlineTransform(gname, kind, list(args.get("targets") or []), list(args.get("ignore") or []),
+                                       bool(args.get("inverse")), scheme.get("head_dim")))
+    return out
+
+
+class RotatedInput:
+    """A Linear's input rotated as the checkpoint's transform says, then quantized (when
+    it is): never shared between layers (share_key None), since each holds its own matrix."""
+
+    share_key = None
+
+    def __init__(self, matrix: torch.Tensor, quantize=None):
+        self.matrix, self.quantize = matrix, quantize
+        self.scale = math.sqrt(matrix.shape[0])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.matrix.shape[0]
+        y = ((x.to(self.matrix.dtype).unflatten(-1, (-1, n)) @ self.matrix).flatten(-2) / self.scale).to(x.dtype)
+        return self.quantize(y) if self.quantize is not None else y
+
+
+def _transform_matrix(raw: dict, t: OnlineTransform, name: str, module: nn.Module) -> torch.Tensor:
+    """The module's own saved matrix, or the group's one of its size: the library shares one
+    matrix per size across modules (tied weights), and saving keeps it under one name."""
+    if f"{name}.{t.tensor}" in raw:
+        return raw[f"{name}.{t.tensor}"]
+    size = t.head_dim or module.in_features
+    shared = [v for k, v in raw.items() if k.endswith("." + t.tensor) and v.shape == (size, size)]
+    return shared[0] if shared else need(raw, f"{name}.{t.tensor}")
+
+
+def _rotate_inputs(ckpt: CheckpointQuant, transforms: list[OnlineTransform], model: nn.Module, raw: dict) -> None:
+    """Put each online transform in front of its modules' input quantizers."""
+    for t in transforms:
+        for name, module in model.named_modules():
+            if not any(_matches(p, name, module) for p in t.targets) or any(_matches(p, name, module) for p in t.ignore):
+                continue
+            matrix = _transform_matrix(raw, t, name, module)
+            matrix = matrix.T if t.inverse else matrix
+            layer = ckpt.layers.get(name) or LayerQuant(name, "16-bit", None)
+            layer.quantize_input = RotatedInput(matrix, layer.quantize_input)
+            layer.activation = f"{t.group} {t.kind} rotation, then {layer.activation or '16-bit'}"
+            ckpt.layers[name] = layer
+
+
 # -- the family -----------------------------------------------------------------------------
 
 @dataclass
@@ -322,23 +410,24 @@ class CompressedTensors(FormatFamily):
         if qcfg.get("kv_cache_scheme"):
             raise SpecftError("quant=checkpoint: this compressed-tensors checkpoint quantizes the KV cache, which "
                               "specft cannot run from a checkpoint yet")
-        if qcfg.get("transform_config"):
-            raise SpecftError("quant=checkpoint: this compressed-tensors checkpoint carries transforms (Hadamard / "
-                              "SpinQuant rotations), which specft cannot run yet")
+        transforms = online_transforms(qcfg.get("transform_config") or {})
         groups = _groups(qcfg)
         ignore = list(qcfg.get("ignore") or [])
         summary = "; ".join(f"{g.fmt}: {g.weights.describe() if g.weights else '16-bit'} weights, "
                             f"{g.inputs.describe() if g.inputs else '16-bit'} inputs" for g in groups)
+        if qcfg.get("transform_config"):
+            summary += "; transforms " + ", ".join(qcfg["transform_config"].get("config_groups") or {}) + \
+                (f" (run-time: {', '.join(sorted({t.group for t in transforms}))})" if transforms else " (fused)")
         ckpt = CheckpointQuant(self.name, model_dir, summary, ignore)
-        ckpt.load_state = lambda model, dtype: self._load_state(ckpt, groups, model, dtype)
+        ckpt.load_state = lambda model, dtype: self._load_state(ckpt, groups, transforms, model, dtype)
         return ckpt
 
-    def _load_state(self, ckpt: CheckpointQuant, groups: list[ConfigGroup], model: nn.Module,
-                    dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    def _load_state(self, ckpt: CheckpointQuant, groups: list[ConfigGroup], transforms: list[OnlineTransform],
+                    model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The model's state dict with every quantized weight dequantized; fills
         ``ckpt.layers`` with each layer's scheme and input quantizer."""
-        raw = read_tensors(ckpt.model_dir, "*.safetensors")
-        quant_suffixes = tuple("." + t for t in QUANT_TENSORS)
+        raw = read_tensors(ckpt.model_dir, "model*.safetensors")  # not an oracle.safetensors beside it
+        quant_suffixes = tuple("." + t for t in QUANT_TENSORS) + tuple("." + t.tensor for t in transforms)
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in raw.items() if not k.endswith(quant_suffixes)}
         for name, module in model.named_modules():
             if not isinstance(module, nn.Linear) or any(_matches(p, name, module) for p in ckpt.ignored):
@@ -356,6 +445,7 @@ class CompressedTensors(FormatFamily):
                 quantize_input = input_quantizer(group.inputs, local, name)
             ckpt.layers[name] = LayerQuant(name, group.weights.describe() if group.weights else "16-bit",
                                            group.inputs.describe() if group.inputs else None, quantize_input)
+        _rotate_inputs(ckpt, transforms, model, raw)
         stray = sorted(k[: -len(".weight_scale")] for k in raw if k.endswith(".weight_scale")
                        and k[: -len(".weight_scale")] not in ckpt.layers)
         if stray:  # its codes would be read as 16-bit weights

@@ -1,0 +1,94 @@
+"""quant=checkpoint on a compressed-tensors checkpoint with transforms (llm-compressor's
+SpinQuant), against llm-compressor's own in-memory model.
+
+tests/fixtures/checkpoints/tiny_qwen3_spinquant/w8a8_int8_spinquant was written by
+llm-compressor 0.14 on this CPU from specft's tiny Qwen3 (scripts/make_checkpoints.py
+--schemes w8a8_int8_spinquant): Hadamard R1 and R2 fused into the saved weights, R4 left
+for run time before down_proj, INT8 W8A8. ``oracle.safetensors`` is what the library's
+model computed before it was compressed (transformers' own loader drops the R4 matrix as
+an unexpected key, so it is no oracle here).
+"""
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specft.errors import SpecftError
+from specft.quantized_checkpoints import open_checkpoint
+
+from helpers import root_cfg
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_spinquant" / "w8a8_int8_spinquant"
+
+
+def _model(path: Path):
+    from specft.quant import apply_quant
+    from specft.target_model import load_target
+
+    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32")
+    model, tokenizer = load_target(cfg.model)
+    report = apply_quant(model, cfg.quant)
+    return model, tokenizer, report
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def test_the_fixture_was_made_by_llm_compressor_with_a_run_time_rotation():
+    made = json.loads((FIXTURE.parent / "made.json").read_text())
+    assert made["tool"]["llmcompressor"].startswith("0.14")
+    groups = json.loads((FIXTURE / "config.json").read_text())["quantization_config"]["transform_config"]
+    assert set(groups["config_groups"]) == {"R1", "R2", "R4"}
+
+
+def test_hidden_states_logits_and_greedy_tokens_equal_the_librarys_model():
+    oracle = load_file(str(FIXTURE / "oracle.safetensors"))
+    model, tokenizer, report = _model(FIXTURE)
+    layers = report.checkpoint["layers"]
+    assert "R4 hadamard rotation, then int8" in layers["model.layers.3.mlp.down_proj"]["activation"]
+    assert "transforms R1, R2, R4 (run-time: R4)" in report.checkpoint["summary"]
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+        greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
+                                oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    for i, h in enumerate(out.hidden_states[1:]):
+        assert _rel(h, oracle[f"hidden.{i}"]) < 1e-6, i  # measured: 0 (bit-equal)
+    assert _rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
+    assert torch.equal(greedy, oracle["greedy"])
+
+
+def test_without_the_run_time_rotation_the_model_is_another():
+    """What loading the fused weights alone (as transformers does) would serve."""
+    oracle = load_file(str(FIXTURE / "oracle.safetensors"))
+    model, _, _ = _model(FIXTURE)
+    for layer in model.model.layers:
+        hooks = layer.mlp.down_proj._forward_pre_hooks
+        for key, hook in list(hooks.items()):
+            rotated = hook.__defaults__[0] if hook.__defaults__ else None
+            if rotated is not None and hasattr(rotated, "matrix"):
+                unrotated = copy.copy(rotated)
+                unrotated.matrix = torch.eye(rotated.matrix.shape[0], dtype=rotated.matrix.dtype) * \
+                    rotated.matrix.shape[0] ** 0.5
+                hooks[key] = lambda m, args, q=unrotated: (q(args[0]), *args[1:])
+    with torch.no_grad():
+        logits = model(oracle["input_ids"]).logits[:, -oracle["logits"].shape[1]:]
+    assert _rel(logits, oracle["logits"]) > 1e-2
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda g: g["R4"]["apply"][0].update(location="output"), "transform R4 runs at output (hadamard)"),
+    (lambda g: g["R4"].update(type="random-matrix"), "transform R4 runs at input (random-matrix)"),
+])
+def test_a_transform_specft_cannot_run_is_one_line(tmp_path, edit, message):
+    path = Path(shutil.copytree(FIXTURE, tmp_path / "ckpt"))
+    config = json.loads((path / "config.json").read_text())
+    edit(config["quantization_config"]["transform_config"]["config_groups"])
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecftError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        open_checkpoint(path)
