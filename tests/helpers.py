@@ -64,3 +64,20 @@ def float64_target(name: str):
         if type(module).__name__.endswith("RMSNorm"):
             module.forward = types.MethodType(norm, module)
     return model
+
+
+def checkpoint_model(path):
+    """(model, tokenizer, quant report) of the quantized checkpoint at ``path`` as specft
+    runs it (model=hf quant=checkpoint, float32)."""
+    from specft.quant import apply_quant
+    from specft.target_model import load_target
+
+    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32")
+    model, tokenizer = load_target(cfg.model)
+    report = apply_quant(model, cfg.quant)
+    return model.eval(), tokenizer, report
+
+
+def max_rel(a, b) -> float:
+    """max |a - b| / max |b|, in float64."""
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())

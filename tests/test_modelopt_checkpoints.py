@@ -20,23 +20,9 @@ from safetensors.torch import load_file, save_file
 from specft.errors import SpecftError
 from specft.quantized_checkpoints import open_checkpoint
 
-from helpers import root_cfg
+from helpers import checkpoint_model, max_rel, root_cfg
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_modelopt" / "fp8"
-
-
-def _model(path: Path):
-    from specft.quant import apply_quant
-    from specft.target_model import load_target
-
-    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32")
-    model, tokenizer = load_target(cfg.model)
-    report = apply_quant(model, cfg.quant)
-    return model, tokenizer, report
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
 def test_the_fixture_was_made_by_modelopt():
@@ -47,15 +33,15 @@ def test_the_fixture_was_made_by_modelopt():
 
 def test_hidden_states_logits_and_greedy_tokens_match_modelopts_model():
     oracle = load_file(str(FIXTURE / "oracle.safetensors"))
-    model, tokenizer, report = _model(FIXTURE)
+    model, tokenizer, report = checkpoint_model(FIXTURE)
     assert report.checkpoint["family"] == "modelopt" and len(report.checkpoint["layers"]) == 56
     with torch.no_grad():
         out = model(oracle["input_ids"], output_hidden_states=True)
         greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
                                 oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
     for i, h in enumerate(out.hidden_states[1:]):
-        assert _rel(h, oracle[f"hidden.{i}"]) < 1e-6, i
-    assert _rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
+        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i
+    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
     assert torch.equal(greedy, oracle["greedy"])
 
 
@@ -68,7 +54,7 @@ def test_without_the_input_quantization_it_would_not_match():
                                     "model.dtype=float32").model)
     with torch.no_grad():
         out = model(oracle["input_ids"], output_hidden_states=True)
-    assert _rel(out.hidden_states[-1], oracle[f"hidden.{len(out.hidden_states) - 2}"]) > 1e-3
+    assert max_rel(out.hidden_states[-1], oracle[f"hidden.{len(out.hidden_states) - 2}"]) > 1e-3
 
 
 def _copy(tmp_path) -> Path:

@@ -20,21 +20,11 @@ from specft.errors import SpecftError
 from specft.quantized_checkpoints import open_checkpoint
 from specft.quantized_checkpoints.msmodelslim import SCHEMES, PerTokenInt8, StaticInt8Codes
 
-from helpers import root_cfg
+from helpers import checkpoint_model, root_cfg
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_msmodelslim"
 CHECKPOINTS = sorted(p.name for p in FIXTURES.iterdir() if (p / "oracle.safetensors").is_file())
 WEIGHTS = "quant_model_weights-00001-of-00001.safetensors"
-
-
-def _specft_model(path: Path):
-    from specft.quant import apply_quant
-    from specft.target_model import load_target
-
-    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32")
-    model, tokenizer = load_target(cfg.model)
-    apply_quant(model, cfg.quant)
-    return model, tokenizer
 
 
 def test_the_fixtures_cover_every_supported_scheme():
@@ -69,7 +59,7 @@ def test_hidden_states_logits_and_greedy_tokens_equal_the_oracle(name, monkeypat
     kernel's); the test above bounds what vllm-ascend's reciprocal changes."""
     monkeypatch.setattr(StaticInt8Codes, "divide", True)
     oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
-    model, tokenizer = _specft_model(FIXTURES / name)
+    model, tokenizer, _ = checkpoint_model(FIXTURES / name)
     with torch.no_grad():
         out = model(oracle["input_ids"], output_hidden_states=True)
         greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
@@ -105,7 +95,7 @@ def test_the_checkpoint_is_described_per_layer():
     ckpt = open_checkpoint(FIXTURES / "w8a8_static")
     assert ckpt.family == "msmodelslim"
     assert ckpt.summary == "W8A8: int8 channel weights, int8 tensor static inputs with offset"
-    model, _ = _specft_model(FIXTURES / "w8a8_static")
+    model, _, _ = checkpoint_model(FIXTURES / "w8a8_static")
     layers = model.specft_checkpoint.to_dict()["layers"]
     assert len(layers) == 56 and model.specft_checkpoint.ignored == ["lm_head"]
     assert layers["model.layers.3.mlp.down_proj"] == {"weight": "int8 channel", "activation": "int8 tensor static"}

@@ -21,23 +21,9 @@ from safetensors.torch import load_file
 from specft.errors import SpecftError
 from specft.quantized_checkpoints import open_checkpoint
 
-from helpers import root_cfg
+from helpers import checkpoint_model, max_rel
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_spinquant" / "w8a8_int8_spinquant"
-
-
-def _model(path: Path):
-    from specft.quant import apply_quant
-    from specft.target_model import load_target
-
-    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32")
-    model, tokenizer = load_target(cfg.model)
-    report = apply_quant(model, cfg.quant)
-    return model, tokenizer, report
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
 def test_the_fixture_was_made_by_llm_compressor_with_a_run_time_rotation():
@@ -49,7 +35,7 @@ def test_the_fixture_was_made_by_llm_compressor_with_a_run_time_rotation():
 
 def test_hidden_states_logits_and_greedy_tokens_equal_the_librarys_model():
     oracle = load_file(str(FIXTURE / "oracle.safetensors"))
-    model, tokenizer, report = _model(FIXTURE)
+    model, tokenizer, report = checkpoint_model(FIXTURE)
     layers = report.checkpoint["layers"]
     assert "R4 hadamard rotation, then int8" in layers["model.layers.3.mlp.down_proj"]["activation"]
     assert "transforms R1, R2, R4 (run-time: R4)" in report.checkpoint["summary"]
@@ -58,15 +44,15 @@ def test_hidden_states_logits_and_greedy_tokens_equal_the_librarys_model():
         greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
                                 oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
     for i, h in enumerate(out.hidden_states[1:]):
-        assert _rel(h, oracle[f"hidden.{i}"]) < 1e-6, i  # measured: 0 (bit-equal)
-    assert _rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
+        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i  # measured: 0 (bit-equal)
+    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
     assert torch.equal(greedy, oracle["greedy"])
 
 
 def test_without_the_run_time_rotation_the_model_is_another():
     """What loading the fused weights alone (as transformers does) would serve."""
     oracle = load_file(str(FIXTURE / "oracle.safetensors"))
-    model, _, _ = _model(FIXTURE)
+    model, _, _ = checkpoint_model(FIXTURE)
     for layer in model.model.layers:
         hooks = layer.mlp.down_proj._forward_pre_hooks
         for key, hook in list(hooks.items()):
@@ -78,7 +64,7 @@ def test_without_the_run_time_rotation_the_model_is_another():
                 hooks[key] = lambda m, args, q=unrotated: (q(args[0]), *args[1:])
     with torch.no_grad():
         logits = model(oracle["input_ids"]).logits[:, -oracle["logits"].shape[1]:]
-    assert _rel(logits, oracle["logits"]) > 1e-2
+    assert max_rel(logits, oracle["logits"]) > 1e-2
 
 
 @pytest.mark.parametrize("edit, message", [
