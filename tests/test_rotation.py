@@ -154,3 +154,6 @@ def test_cache_of_a_rotated_target_holds_rotated_states(tmp_path):
     r1 = orthogonal("hadamard", 64).float()
     emb = CacheReader(cache_dir).target_embedding()
     torch.testing.assert_close(emb, base.model.embed_tokens.weight.detach() @ r1, rtol=1e-5, atol=1e-6)
+    from specft.cache.info import describe
+
+    assert "rotated: residual hadamard, head hadamard, online_down hadamard" in describe(cache_dir)[0]

@@ -63,8 +63,11 @@ def _quant_line(d: Path, q: dict) -> str:
     if checkpoint:
         return (f"quant      {q['name']}: {checkpoint['family']} ({checkpoint['summary']}), "
                 f"{len(checkpoint['layers'])} layers quantized, ignored {checkpoint['ignored'] or 'none'}")
+    rotation = q.get("rotation")
+    order = ("residual", "head", "online_qk", "online_down")  # R1..R4 (the manifest sorts its keys)
+    rotated = ", rotated: " + ", ".join(f"{k} {rotation[k]}" for k in order if rotation.get(k)) if rotation else ""
     return (f"quant      {q['name']} (weight {_spec(q['weight'])}, activation {_spec(q['activation'])}, "
-            f"kv {_spec(q.get('kv'))})")
+            f"kv {_spec(q.get('kv'))}{rotated})")
 
 
 def _spec(spec: dict | None) -> str:
