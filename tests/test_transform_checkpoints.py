@@ -1,10 +1,10 @@
 """quant=checkpoint on a compressed-tensors checkpoint with transforms (llm-compressor's
 SpinQuant), against llm-compressor's own in-memory model.
 
-tests/fixtures/checkpoints/tiny_qwen3_spinquant/w8a8_int8_spinquant was written by
-llm-compressor 0.14 on this CPU from specft's tiny Qwen3 (scripts/make_checkpoints.py
---schemes w8a8_int8_spinquant): Hadamard R1 and R2 fused into the saved weights, R4 left
-for run time before down_proj, INT8 W8A8. ``oracle.safetensors`` is what the library's
+tests/fixtures/checkpoints/tiny_qwen3_spinquant/ was written by llm-compressor 0.14 on
+this CPU from specft's tiny Qwen3 (scripts/make_checkpoints.py --schemes
+w8a8_int8_spinquant,w8a8_int8_spinquant_random): Hadamard (or seeded random Hadamard) R1
+and R2 fused into the saved weights, R4 left for run time before down_proj, INT8 W8A8. ``oracle.safetensors`` is what the library's
 model computed before it was compressed (transformers' own loader drops the R4 matrix as
 an unexpected key, so it is no oracle here).
 """
@@ -23,7 +23,9 @@ from specft.quantized_checkpoints import open_checkpoint
 
 from helpers import checkpoint_model, max_rel
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_spinquant" / "w8a8_int8_spinquant"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_spinquant"
+FIXTURE = FIXTURES / "w8a8_int8_spinquant"
+KINDS = {"w8a8_int8_spinquant": "hadamard", "w8a8_int8_spinquant_random": "random-hadamard"}
 
 
 def test_the_fixture_was_made_by_llm_compressor_with_a_run_time_rotation():
@@ -33,11 +35,12 @@ def test_the_fixture_was_made_by_llm_compressor_with_a_run_time_rotation():
     assert set(groups["config_groups"]) == {"R1", "R2", "R4"}
 
 
-def test_hidden_states_logits_and_greedy_tokens_equal_the_librarys_model():
-    oracle = load_file(str(FIXTURE / "oracle.safetensors"))
-    model, tokenizer, report = checkpoint_model(FIXTURE)
+@pytest.mark.parametrize("name", list(KINDS))
+def test_hidden_states_logits_and_greedy_tokens_equal_the_librarys_model(name):
+    oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
+    model, tokenizer, report = checkpoint_model(FIXTURES / name)
     layers = report.checkpoint["layers"]
-    assert "R4 hadamard rotation, then int8" in layers["model.layers.3.mlp.down_proj"]["activation"]
+    assert f"R4 {KINDS[name]} rotation, then int8" in layers["model.layers.3.mlp.down_proj"]["activation"]
     assert "transforms R1, R2, R4 (run-time: R4)" in report.checkpoint["summary"]
     with torch.no_grad():
         out = model(oracle["input_ids"], output_hidden_states=True)
