@@ -363,6 +363,10 @@ def _plan(overrides: list[str]) -> int:
     return 0
 
 
+# Commands on files (argparse, no Hydra job).
+FILE_COMMANDS = {"export": _export, "fold-rotation": _fold_rotation}
+
+
 def main(argv: list[str] | None = None) -> int:
     import hydra
 
@@ -379,9 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "info":
         return _info(overrides)
-    if command in ("export", "fold-rotation"):
+    if command in FILE_COMMANDS:
         setup_logging()
-        return (_export if command == "export" else _fold_rotation)(overrides)
+        return FILE_COMMANDS[command](overrides)
     setup_logging()
     fail_fast = "--fail-fast" in overrides
     overrides = [a for a in overrides if a != "--fail-fast"]

@@ -78,7 +78,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eag
     from specft.eval.drafts import load_draft, resolve_checkpoint
 
     folder = resolve_checkpoint(checkpoint, "checkpoint")
-    out = _check_out_dir(Path(out_dir).expanduser(), overwrite)
+    out = check_out_dir(Path(out_dir).expanduser(), overwrite)
     if quant not in QUANT_KINDS:
         raise SpecftError(f"--quant: unknown value {quant!r}; allowed: {', '.join(QUANT_KINDS)}")
     draft, draft_config = load_draft(folder, field="checkpoint")  # a damaged checkpoint is one line, first
@@ -109,16 +109,13 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, layout: str = "eag
     # One writer at a time; the folder is checked again under the lock, since another
     # export may have filled it since the check above.
     with sibling_lock(out, "out_dir", "specft export"):
-        _check_out_dir(out, overwrite)
-        _write_export(out, _sixteen_bit(tensors, torch_dtype), config)
+        check_out_dir(out, overwrite)
+        write_files_atomically(out, _sixteen_bit(tensors, torch_dtype), config)
     log.info("export: %s layout, %s weights, %d tensors -> %s", layout, kind or dtype, len(tensors), out)
     return out
 
 
-EXPORT_FILES = ("model.safetensors", "config.json")
-
-
-def _check_out_dir(out: Path, overwrite: bool) -> Path:
+def check_out_dir(out: Path, overwrite: bool) -> Path:
     """Refuse, before any work, an output that is a file, is not writable, or holds other
     files (unless ``overwrite``)."""
     require_writable_dir(out, "out_dir")
@@ -129,15 +126,17 @@ def _check_out_dir(out: Path, overwrite: bool) -> Path:
     return out
 
 
-def _write_export(out: Path, tensors: dict, config: dict) -> None:
-    """Each file written beside its final name, then renamed (a failed export leaves the
-    old files whole); readable by every user (safetensors writes 0600), as a server running
-    as another user must read them."""
+def write_files_atomically(out: Path, tensors: dict, config: dict,
+                           names: tuple[str, str] = ("model.safetensors", "config.json")) -> None:
+    """The tensors and config as ``names``, each written beside its final name, then
+    renamed (a failed write leaves the old files whole); readable by every user
+    (safetensors writes 0600), as a server running as another user must read them."""
+    tensors_name, config_name = names
     try:
         out.mkdir(parents=True, exist_ok=True)
-        tmp = {name: out / f".{name}.tmp" for name in EXPORT_FILES}
-        save_file(tensors, str(tmp["model.safetensors"]), metadata={"format": "pt"})
-        tmp["config.json"].write_text(json.dumps(config, indent=2))
+        tmp = {name: out / f".{name}.tmp" for name in names}
+        save_file(tensors, str(tmp[tensors_name]), metadata={"format": "pt"})
+        tmp[config_name].write_text(json.dumps(config, indent=2))
         for name, path in tmp.items():
             os.chmod(path, 0o644)
             os.replace(path, out / name)

@@ -17,12 +17,11 @@ one recovered from the two checkpoints (scripts/recover_rotation.py).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specft.errors import SpecftError
 
@@ -84,10 +83,11 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
     """Write OUT_DIR: the draft checkpoint at ``checkpoint`` folded for the rotation
     ``source``, a checkpoint folder that `specft eval` and `specft export` read."""
     from specft.eval.drafts import load_draft, resolve_checkpoint
-    from specft.export import _check_out_dir
+    from specft.export import check_out_dir, write_files_atomically
+    from specft.lock import sibling_lock
 
     folder = resolve_checkpoint(checkpoint, "checkpoint")
-    out = _check_out_dir(Path(out_dir).expanduser(), overwrite)
+    out = check_out_dir(Path(out_dir).expanduser(), overwrite)
     _, meta = load_draft(folder, field="checkpoint")  # a damaged checkpoint is one line, first
     if meta.get("architecture", "eagle3") != "eagle3":
         raise SpecftError(f"checkpoint: {folder} holds an {meta['architecture']} draft; fold-rotation folds EAGLE-3 drafts")
@@ -98,14 +98,11 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
         raise SpecftError(f"checkpoint: {folder} is already folded ({meta['rotation']})")
     r1, record = rotation_matrix(source, meta.get("target_hidden_size") or meta["hidden_size"])
     state = fold_into_eagle3(load_file(str(folder / "draft.safetensors")), meta, r1)
-    out.mkdir(parents=True, exist_ok=True)
-    # Each file beside its final name, then renamed: a failed fold leaves no half checkpoint.
-    save_file(state, str(out / ".draft.safetensors.tmp"))
-    (out / ".draft_config.json.tmp").write_text(json.dumps({**meta, "rotation": record}, indent=2))
-    if (folder / "config.yaml").exists():
-        shutil.copyfile(folder / "config.yaml", out / "config.yaml")  # the target facts export reads
-    for name in ("draft.safetensors", "draft_config.json"):
-        (out / f".{name}.tmp").replace(out / name)
+    with sibling_lock(out, "out_dir", "specft fold-rotation"):  # one writer; checked again under the lock
+        check_out_dir(out, overwrite)
+        write_files_atomically(out, state, {**meta, "rotation": record}, names=("draft.safetensors", "draft_config.json"))
+        if (folder / "config.yaml").exists():
+            shutil.copyfile(folder / "config.yaml", out / "config.yaml")  # the target facts export reads
     return out
 
 

@@ -62,5 +62,4 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
 from specft.quantized_checkpoints import compressed_tensors, modelopt, msmodelslim, others  # noqa: E402,F401,I001
 
 __all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "description_patterns", "detect_family",
-           "open_checkpoint",
-           "read_config", "supported"]
+           "open_checkpoint", "read_config", "supported"]
