@@ -25,7 +25,7 @@ JOB_COMMANDS = ("cache", "train", "eval")  # Hydra jobs: checked whole before Hy
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR [--verify]  # what a cache holds; --verify checks every checksum
        specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp] [--quant auto|none|fp8|mxfp4]
-       specft fold-rotation CHECKPOINT OUT_DIR --rotation QUANT|R1.safetensors  # a 16-bit draft for a rotated target
+       specft fold-rotation CHECKPOINT OUT_DIR --rotation QUANT|R1.safetensors|CKPT  # a 16-bit draft for a rotated target
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8
@@ -335,8 +335,9 @@ def _fold_rotation(args: list[str]) -> int:
     parser.add_argument("checkpoint", help="a run dir, its checkpoints/final, or a checkpoint folder")
     parser.add_argument("out_dir", help="the folded draft's checkpoint folder (eval and export read it)")
     parser.add_argument("--rotation", required=True,
-                        help="a quant config with a rotation block (w8a8_int8_quarot), or a .safetensors file "
-                             "holding R1 (the quantizer's, or scripts/recover_rotation.py's)")
+                        help="a quant config with a rotation block (w8a8_int8_quarot), a .safetensors file "
+                             "holding R1 (the quantizer's, or scripts/recover_rotation.py's), or a "
+                             "checkpoint folder that saved its R1 (msModelSlim QuaRot)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier fold in a non-empty OUT_DIR")
     ns = parser.parse_args(args)
     try:

@@ -124,6 +124,31 @@ def test_fold_reads_a_saved_matrix_and_refuses_bad_ones(tmp_path, targets):
     assert proc.returncode == 2 and "already folded" in proc.stderr
 
 
+def test_fold_reads_the_rotation_msmodelslim_saved_beside_its_checkpoint(tmp_path, targets):
+    """`--rotation CKPT`: msModelSlim's QuaRot saves its R1 (optional/quarot.safetensors);
+    a checkpoint that saves none is refused with the way out."""
+    from test_msmodelslim_checkpoints import QUAROT
+    from test_transform_checkpoints import FIXTURE as SPINQUANT
+
+    from specft.quantized_checkpoints.msmodelslim import saved_rotation
+
+    model, _ = targets
+    ckpt = _draft_checkpoint(tmp_path / "ckpt", model)
+    run_cli(["fold-rotation", str(ckpt), str(tmp_path / "a"), "--rotation", str(QUAROT)], cwd=tmp_path)
+    meta = json.loads((tmp_path / "a" / "draft_config.json").read_text())
+    assert meta["rotation"] == {"checkpoint": str(QUAROT)}
+    state = load_file(str(ckpt / "draft.safetensors"))
+    want = fold_into_eagle3(state, meta, saved_rotation(QUAROT).double())
+    got = load_file(str(tmp_path / "a" / "draft.safetensors"))
+    assert all(torch.equal(got[k], want[k]) for k in want) and not torch.equal(got["fc.weight"], state["fc.weight"])
+    for source, message in ((SPINQUANT, "is not a checkpoint that saves its rotation (msModelSlim QuaRot)"),
+                            (QUAROT.parent / "w8a8_dynamic", "is not rotated")):
+        proc = run_cli(["fold-rotation", str(ckpt), str(tmp_path / "b"), "--rotation", str(source)], cwd=tmp_path,
+                       check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "b").exists()
+
+
 def test_rotation_is_recovered_from_the_two_checkpoints(targets):
     model, rotated = targets
     r, residual, centered = recover_rotation(model.get_input_embeddings().weight, rotated.get_input_embeddings().weight)

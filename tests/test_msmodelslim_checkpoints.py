@@ -165,3 +165,56 @@ def test_the_cache_key_follows_the_quantization_description(tmp_path):
     desc_path = path / "quant_model_description.json"
     desc_path.write_text(desc_path.read_text().replace('"1.0.0"', '"1.0.1"'))  # same size, other content
     assert checkpoint_fingerprint(cfg.model) != before
+
+
+# -- rotated (QuaRot) ---------------------------------------------------------------------
+
+QUAROT = FIXTURES / "w8a8_dynamic_quarot"
+
+
+def test_an_offline_quarot_checkpoint_runs_as_saved_and_keeps_its_rotation():
+    """msModelSlim's offline QuaRot folds R1 (and R2) into the weights; the oracle test
+    above runs it bit-equal. Its saved R1 is the one in the weights: the checkpoint's
+    embedding (kept in float) is the base model's times R1, to float32 storage."""
+    from helpers import float64_target
+    from specft.export.rotation_fold import recover_rotation
+    from specft.quantized_checkpoints.msmodelslim import saved_rotation
+
+    assert open_checkpoint(QUAROT).summary == ("W8A8_DYNAMIC: int8 channel weights, int8 token dynamic inputs; "
+                                               "QuaRot rotation folded offline (R1 saved at optional/quarot.safetensors)")
+    r = saved_rotation(QUAROT).double()
+    assert (r @ r.T - torch.eye(64, dtype=torch.float64)).abs().max() < 1e-6
+    base = float64_target("tiny_qwen3").get_input_embeddings().weight.double()
+    rotated = load_file(str(QUAROT / WEIGHTS))["model.embed_tokens.weight"].double()
+    assert (base @ r - rotated).norm() / rotated.norm() < 1e-6  # measured 1.5e-7
+    assert (base - rotated).norm() / rotated.norm() > 0.5  # it is rotated
+    recovered, residual, centered = recover_rotation(base, rotated)  # and the two ways agree
+    assert not centered and residual < 1e-6 and (recovered - r).abs().max() < 1e-6
+
+
+def test_online_rotations_tied_embeddings_and_other_extras_are_refused_by_name(tmp_path):
+    from specft.target_model import load_target
+
+    online = _copy(tmp_path, "w8a8_dynamic_quarot")
+    tensors = load_file(str(online / WEIGHTS))
+    tensors["model.layers.0.self_attn.heads_rotation"] = torch.eye(16)
+    save_file(tensors, str(online / WEIGHTS))
+    cfg = root_cfg("model=hf", f"model.path={online}", "quant=checkpoint")
+    with pytest.raises(SpecftError, match=r"model.layers.0.self_attn.heads_rotation is an online rotation"):
+        load_target(cfg.model)
+
+    config = json.loads((online / "config.json").read_text())
+    (online / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    with pytest.raises(SpecftError, match="rotated by msModelSlim's QuaRot with tied embeddings"):
+        open_checkpoint(online)
+    (online / "config.json").write_text(json.dumps(config))
+    desc_path = online / "quant_model_description.json"
+    desc = json.loads(desc_path.read_text())
+    desc["optional"]["quarot"]["rotation_map"]["kronecker_rotation"] = "optional/k.safetensors"
+    desc_path.write_text(json.dumps(desc))
+    with pytest.raises(SpecftError, match="QuaRot records kronecker_rotation, which specft cannot run yet"):
+        open_checkpoint(online)
+    desc["optional"] = {"flatquant": {}}
+    desc_path.write_text(json.dumps(desc))
+    with pytest.raises(SpecftError, match="carries optional.flatquant"):
+        open_checkpoint(online)

@@ -11,8 +11,9 @@ token embedding it shares with the target when served (rotated too). So:
 - its frozen embedding copy <- E @ R1, the target's rotated one.
 In float64 the folded draft on the rotated target computes what the original computes on
 the original target. R1 comes from a quant config with a rotation block (rebuilt from its
-kind and seed) or from a .safetensors file holding the matrix: the quantizer's saved R1, or
-one recovered from the two checkpoints (scripts/recover_rotation.py).
+kind and seed), from a checkpoint folder whose quantizer saved it (msModelSlim's QuaRot:
+optional/quarot.safetensors), or from a .safetensors file holding the matrix: one recovered
+from the two checkpoints (scripts/recover_rotation.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def rotation_matrix(source: str, size: int) -> tuple[torch.Tensor, dict]:
     """(R1 in float64, a record of where it came from)."""
     if source.endswith(".safetensors"):
         return _matrix_file(Path(source).expanduser(), size), {"file": str(Path(source).expanduser().resolve())}
+    if Path(source).expanduser().is_dir():
+        folder = Path(source).expanduser().resolve()
+        return _checked(_saved_matrix(folder), size, str(folder)), {"checkpoint": str(folder)}
     from specft.quant.config import load_quant_config
     from specft.quant.orthogonal import orthogonal
 
@@ -50,12 +54,27 @@ def _matrix_file(path: Path, size: int) -> torch.Tensor:
         raise SpecftError(f"--rotation: {path} holds {len(tensors)} tensors ({', '.join(sorted(tensors)[:4])}); "
                           "give a file with the one matrix")
     (r,) = tensors.values()
+    return _checked(r, size, str(path))
+
+
+def _saved_matrix(folder: Path) -> torch.Tensor:
+    """R1 as a rotating quantizer saved it beside its checkpoint (msModelSlim's QuaRot)."""
+    from specft.quantized_checkpoints import detect_family
+    from specft.quantized_checkpoints.msmodelslim import MsModelSlim, saved_rotation
+
+    if not isinstance(detect_family(folder), MsModelSlim):
+        raise SpecftError(f"--rotation: {folder} is not a checkpoint that saves its rotation (msModelSlim QuaRot); "
+                          "for others recover R1 with scripts/recover_rotation.py and give its .safetensors")
+    return saved_rotation(folder)
+
+
+def _checked(r: torch.Tensor, size: int, where: str) -> torch.Tensor:
     r = r.double()
     if r.shape != (size, size):
-        raise SpecftError(f"--rotation: {path} holds a {tuple(r.shape)} matrix; the draft's target is {size} wide")
+        raise SpecftError(f"--rotation: {where} holds a {tuple(r.shape)} matrix; the draft's target is {size} wide")
     err = (r @ r.T - torch.eye(size, dtype=torch.float64)).abs().max().item()
     if err > ORTHOGONALITY_TOLERANCE:
-        raise SpecftError(f"--rotation: {path} is not orthogonal (max |R R^T - I| = {err:.2e})")
+        raise SpecftError(f"--rotation: {where} is not orthogonal (max |R R^T - I| = {err:.2e})")
     return r
 
 

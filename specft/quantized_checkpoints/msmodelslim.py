@@ -23,8 +23,9 @@ Supported here, as vllm-ascend serves them:
   dim, ``code * weight_scale``; inputs as W8A8_DYNAMIC's. ``scale_bias`` is the NPU
   kernel's correction for its unsigned INT4 trick and changes no product.
 
-Other schemes (W4A8 in groups, W8A16, W4A4, MX, KV-cache C8, sparse) and rotated
-checkpoints are refused in one line naming them.
+Offline QuaRot (rotations folded into the weights, R1 saved under ``optional/``) runs as
+the ordinary checkpoint it is. Other schemes (W4A8 in groups, W8A16, W4A4, MX, KV-cache
+C8, sparse) and online rotations are refused in one line naming them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from specft.quantized_checkpoints.base import (
     FormatFamily,
     LayerQuant,
     need,
+    read_config,
     read_json,
     read_tensors,
 )
@@ -194,6 +196,57 @@ SCHEME_SUMMARY = {"W8A8_DYNAMIC": "int8 {weights} weights, int8 token dynamic in
                   "W4A8_DYNAMIC": "int4 channel weights, int8 token dynamic inputs"}
 
 
+# -- rotations ---------------------------------------------------------------------------------
+
+# msModelSlim's QuaRot (processor "quarot", online: false) folds its rotations into the
+# weights (R1 into the embedding, every reader and writer of the residual stream and the
+# head; R2 into v/o per head; the norms' scales into the Linears, norms set to ones), so
+# the saved checkpoint is an ordinary one; its R1 is saved beside it for the draft to fold
+# (`specft fold-rotation --rotation CKPT`). Online rotations are saved as weights instead.
+ONLINE_ROTATION_TENSORS = (".heads_rotation", ".kronecker_rotation_m", ".kronecker_rotation_n")
+
+
+def offline_rotation(desc: dict) -> str | None:
+    """The file holding the checkpoint's global rotation R1 (relative to the checkpoint),
+    or None when it is not rotated; any other recorded rotation is refused."""
+    optional = desc.get("optional") or {}
+    unknown = sorted(k for k in optional if k != "quarot")
+    if unknown:
+        raise SpecftError(f"quant=checkpoint: this msModelSlim checkpoint carries optional.{unknown[0]}, which "
+                          "specft cannot run yet (it runs offline QuaRot)")
+    rotations = (optional.get("quarot") or {}).get("rotation_map") or {}
+    extra = sorted(set(rotations) - {"global_rotation"})
+    if extra:
+        raise SpecftError(f"quant=checkpoint: this msModelSlim checkpoint's QuaRot records {extra[0]}, which "
+                          "specft cannot run yet (it runs offline QuaRot: global_rotation only)")
+    return rotations.get("global_rotation")
+
+
+def _check_untied(model_dir: Path) -> None:
+    """msModelSlim 26.1's QuaRot rotates a tied embedding twice, with the final norm's
+    scale between (measured on SmolLM2: the saved embedding is ((E @ R1) * g) @ R1 to 4e-7),
+    and keeps the tie: the model it writes is not the one it quantized."""
+    if read_config(model_dir).get("tie_word_embeddings"):
+        raise SpecftError(f"quant=checkpoint: {model_dir} was rotated by msModelSlim's QuaRot with tied embeddings, "
+                          "which rotates the shared matrix twice; untie the model (tie_word_embeddings: false, "
+                          "its own lm_head) before quantizing")
+
+
+def saved_rotation(model_dir: Path) -> torch.Tensor:
+    """R1 as msModelSlim saved it (hidden states of the rotated model = original @ R1)."""
+    desc = read_json(sorted(model_dir.glob(DESCRIPTION_GLOB))[0])
+    where = offline_rotation(desc)
+    if where is None:
+        raise SpecftError(f"--rotation: the msModelSlim checkpoint {model_dir} is not rotated "
+                          "(no optional.quarot.rotation_map.global_rotation)")
+    if not (model_dir / where).is_file():
+        raise SpecftError(f"--rotation: {model_dir / where} (the checkpoint's saved QuaRot rotation) is missing")
+    tensors = read_tensors(model_dir, where)
+    if "global_rotation" not in tensors:
+        raise SpecftError(f"--rotation: {model_dir / where} holds no global_rotation tensor")
+    return tensors["global_rotation"]
+
+
 # -- the family -----------------------------------------------------------------------------
 
 class MsModelSlim(FormatFamily):
@@ -214,12 +267,13 @@ class MsModelSlim(FormatFamily):
         if desc.get("kv_quant_type") or desc.get("kv_cache_type") or others:
             raise SpecftError("quant=checkpoint: this msModelSlim checkpoint quantizes the KV cache, which specft "
                               "cannot run from a checkpoint yet")
-        if (desc.get("optional") or {}).get("quarot") or any("rot" in k.lower() for k in desc.get("optional") or {}):
-            raise SpecftError("quant=checkpoint: this msModelSlim checkpoint carries a rotation (QuaRot), which "
-                              "specft cannot run yet")
+        rotation = offline_rotation(desc)
         group_size = int(desc.get("group_size") or 0)
         weights = f"group {group_size}" if group_size else "channel"
         summary = "; ".join(f"{k}: {SCHEME_SUMMARY[k].format(weights=weights)}" for k in sorted(set(schemes.values())))
+        if rotation:
+            _check_untied(model_dir)
+            summary += f"; QuaRot rotation folded offline (R1 saved at {rotation})"
         ckpt = CheckpointQuant(self.name, model_dir, summary)
         ckpt.load_state = lambda model, dtype: self._load_state(ckpt, schemes, group_size, model, dtype)
         return ckpt
@@ -241,6 +295,10 @@ class MsModelSlim(FormatFamily):
             state[f"{name}.weight"] = dense.weight.reshape(module.weight.shape).to(dtype)
             ckpt.layers[name] = LayerQuant(name, dense.weight_desc, dense.input_desc, dense.quantize_input,
                                            dense.forward)
+        online = sorted(k for k in raw if k.endswith(ONLINE_ROTATION_TENSORS))
+        if online:
+            raise SpecftError(f"quant=checkpoint: {online[0]} is an online rotation (msModelSlim QuaRot online), "
+                              "which specft cannot run from a checkpoint yet; offline QuaRot runs")
         if schemes:  # quantized tensors the model has no Linear for
             raise SpecftError(f"model.path: {next(iter(schemes))} is quantized in the checkpoint, but the model "
                               "has no such linear layer")
