@@ -32,10 +32,12 @@ a GPTQ W4A16 checkpoint made by scripts/make_checkpoints.py:
         --parts base,rtn_w4a16-ours,gptq_w4a16-ours,gptq_w4a16-eval
 
 Rotated targets (docs/results.md, "Rotated targets"): on a target quantized with a rotation
-(a conf/quant config with a rotation block), `<quant>-fold` folds the rotation into the
-baseline (`specft fold-rotation`) and `<quant>-eval` evaluates the baseline as is, folded,
-and specft's draft trained on the rotated target; `<quant>-baseeval` evaluates the
-baseline alone on a target (the unrotated reference of the same format):
+(a conf/quant config with a rotation block, or a checkpoint that saved its R1: msModelSlim's
+offline QuaRot), `<quant>-fold` folds the rotation into the baseline (`specft
+fold-rotation`) and `<quant>-eval` evaluates the baseline as is, folded, and specft's
+draft trained on the rotated target; `<quant>-baseeval` evaluates only the drafts that
+need no training (the baseline, and on a rotated target the folded one): on an unrotated
+target of the same format it is the reference:
 
     python scripts/quant_alignment.py --out-dir runs/rotated --qat-quants '' \
         --parts base,w8a8_int8_quarot-fold,w8a8_int8_quarot-ours,w8a8_int8_quarot-eval,w8a8_int8-baseeval
@@ -96,26 +98,42 @@ class Experiment:
                 f"seed={a.seed}", f"run_dir={run_dir}", *extra]
         self.timed(name, args, run_dir / "checkpoints" / "final")
 
-    def rotated(self, name: str) -> bool:
-        """Whether a target is an emulated format with a rotation block (conf/quant)."""
+    def rotation_source(self, name: str) -> str | None:
+        """Where `specft fold-rotation` finds a target's R1: the quant config of an emulated
+        format with a rotation block, or a checkpoint whose quantizer saved it (msModelSlim
+        QuaRot); None for an unrotated target."""
         from specft.quant.config import load_quant_config
+        from specft.quantized_checkpoints.msmodelslim import MsModelSlim, offline_rotation
 
         kind, _, spec = self.targets.get(name, f"emulate:{name}").partition(":")
-        return kind == "emulate" and load_quant_config(spec.split(";")[0]).rotation is not None
+        if kind == "emulate":
+            quant = spec.split(";")[0]
+            return quant if load_quant_config(quant).rotation is not None else None
+        path = Path(spec.split(":")[0]).resolve()
+        descriptions = sorted(path.glob(MsModelSlim.description_files[0]))
+        return str(path) if descriptions and offline_rotation(json.loads(descriptions[0].read_text())) else None
 
     def folded(self, quant: str) -> Path:
         return self.out / f"base-folded-{quant}"
 
     def fold(self, quant: str) -> None:
         """The 16-bit recipe's draft with the target's rotation folded in (no training)."""
+        source = self.rotation_source(quant)
+        if source is None:
+            raise SystemExit(f"{quant}-fold: the {quant} target is not rotated")
         self.timed(f"fold the rotation of {quant} into the baseline",
-                   ["fold-rotation", str(self.base), str(self.folded(quant)), "--rotation", quant],
+                   ["fold-rotation", str(self.base), str(self.folded(quant)), "--rotation", source],
                    self.folded(quant) / "draft.safetensors")
 
+    def baseline_dirs(self, quant: str) -> list[tuple[str, Path]]:
+        """The 16-bit recipe's draft, and on a rotated target the same draft folded."""
+        drafts = [("baseline_16bit", self.base)]
+        if self.rotation_source(quant):
+            drafts.append(("baseline_folded", self.folded(quant)))
+        return drafts
+
     def draft_dirs(self, quant: str) -> list[tuple[str, Path]]:
-        drafts = [("baseline_16bit", self.base), ("specft", self.out / f"ours-{quant}")]
-        if self.rotated(quant):
-            drafts.insert(1, ("baseline_folded", self.folded(quant)))
+        drafts = [*self.baseline_dirs(quant), ("specft", self.out / f"ours-{quant}")]
         emulated = self.compared(quant)
         if emulated:
             drafts.insert(1, ("specft_emulated", self.out / f"ours-{emulated}"))
@@ -157,8 +175,9 @@ class Experiment:
             self.evaluate("bf16", [("baseline_on_bf16", self.base)], alone=False)
         elif part.endswith("-fold"):
             self.fold(part.removesuffix("-fold"))
-        elif part.endswith("-baseeval"):  # the reference: the 16-bit draft on a target of its own
-            self.evaluate(part.removesuffix("-baseeval"), [("baseline_16bit", self.base)], alone=self.args.eval_alone)
+        elif part.endswith("-baseeval"):  # the drafts that need no training: the 16-bit one (folded)
+            quant = part.removesuffix("-baseeval")
+            self.evaluate(quant, self.baseline_dirs(quant), alone=self.args.eval_alone)
         else:
             quant, _, step = part.rpartition("-")
             if step == "ours":
