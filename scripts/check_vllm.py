@@ -12,6 +12,11 @@ throughput. Writes JSON (and the table) under --out.
     python scripts/check_vllm.py RUN_DIR --target-weights mxfp4   # W4A16: MXFP4-dequantized weights
     python scripts/check_vllm.py RUN_DIR --layout speculators --auto-detect   # LLM(model=EXPORT)
 
+`--dequantize CKPT` serves a quantized checkpoint's weights, dequantized as its format
+defines them, as an ordinary checkpoint (activations 16-bit) in both engines: for a
+rotated target whose format vLLM's CPU path cannot run (msModelSlim's offline QuaRot),
+its rotation is folded into those weights, so a draft sees what it would when served.
+
 `--target-weights mxfp4` saves the target with specft's MXFP4 fake-quantized weights as
 an ordinary checkpoint, which both engines load: vLLM's CPU path cannot emulate FP8
 activations, so W-MXFP4/A16 is the quantized target both can run. vLLM needs the
@@ -65,6 +70,39 @@ def save_mxfp4_weights(cfg, out: Path) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def save_dequantized(checkpoint: Path, out: Path) -> Path:
+    """A quantized checkpoint's weights as its format defines them (specft's
+    quant=checkpoint loader, exact), activations 16-bit, saved as a plain checkpoint (once):
+    the weight-only twin of a target vLLM's CPU path cannot serve as it is (msModelSlim's
+    ascendV1, a rotated one)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (out / "config.json").exists():
+        return out
+    model, tokenizer = specft_checkpoint_model(checkpoint)
+    config = AutoConfig.from_pretrained(checkpoint)
+    for key in ("quantization_config", "compression_config"):
+        if hasattr(config, key):
+            delattr(config, key)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = {k: v for k, v in model.state_dict().items() if k in plain.state_dict()}
+    plain.load_state_dict(state, strict=True)
+    plain.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    print(f"dequantized target: {checkpoint} -> {out}", flush=True)
+    return out
+
+
+def specft_checkpoint_model(checkpoint: Path):
+    from specft.cli import compose
+    from specft.target_model import load_target
+    from specft.validate import to_schema
+
+    cfg = compose(["model=hf", f"model.path={checkpoint}", "quant=checkpoint", "model.dtype=float32"])
+    OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
+    return load_target(to_schema(cfg).model)
 
 
 def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: int,
@@ -165,6 +203,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1, help="prompts decoded together, in both engines")
     ap.add_argument("--target-weights", choices=["as-is", "mxfp4"], default="as-is")
+    ap.add_argument("--dequantize", type=Path, default=None,
+                    help="serve this quantized checkpoint's dequantized weights (16-bit activations) as the "
+                         "target, in both engines, e.g. a rotated msModelSlim checkpoint vLLM's CPU path cannot run")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="both engines' compute dtype (vLLM's CPU INT8 kernels take bfloat16 inputs only)")
     ap.add_argument("--layout", choices=["eagle3", "speculators"], default="eagle3")
@@ -187,8 +228,9 @@ def main() -> None:
     exported = json.loads((export / "config.json").read_text())
     verifier = exported["specft"]["target_path"]
     target_dir = Path(verifier)
-    if args.target_weights == "mxfp4":
-        target_dir = save_mxfp4_weights(cfg, out / "target-w4a16")
+    if args.target_weights == "mxfp4" or args.dequantize:
+        target_dir = save_dequantized(args.dequantize.resolve(), out / "target-dequantized") if args.dequantize \
+            else save_mxfp4_weights(cfg, out / "target-w4a16")
         if args.layout == "speculators":  # the export must name the target vLLM is to load
             exported["speculators_config"]["verifier"]["name_or_path"] = str(target_dir)
             (export / "config.json").write_text(json.dumps(exported, indent=2))
@@ -215,6 +257,7 @@ def main() -> None:
             rows.append({"engine": name, **summarize(r, alone)})
     between = divergence(specft_runs[0]["tokens"], vllm["runs"][0]["tokens"])
     result = {"run": str(run_dir), "target": str(target_dir), "target_weights": args.target_weights,
+              "dequantized": str(args.dequantize) if args.dequantize else None,
               "layout": args.layout, "dtype": args.dtype, "draft_export_quant": args.quant, "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens,
               "batch": args.batch,
