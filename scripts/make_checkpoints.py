@@ -86,6 +86,10 @@ def _recipes():
         "w8a8_int8_spinquant": (lambda: [
             SpinQuantModifier(rotations=["R1", "R2", "R4"], transform_type="hadamard"),
             QuantizationModifier(targets="Linear", scheme="W8A8", ignore=ignore)], False),
+        # with R3 too: a Hadamard per head on queries and keys after RoPE, at run time
+        "w8a8_int8_spinquant_r3": (lambda: [
+            SpinQuantModifier(rotations=["R1", "R2", "R3", "R4"], transform_type="hadamard"),
+            QuantizationModifier(targets="Linear", scheme="W8A8", ignore=ignore)], False),
         # the same with seeded random Hadamard matrices
         "w8a8_int8_spinquant_random": (lambda: [
             SpinQuantModifier(rotations=["R1", "R2", "R4"], transform_type="random-hadamard"),

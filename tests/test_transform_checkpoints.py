@@ -3,8 +3,9 @@ SpinQuant), against llm-compressor's own in-memory model.
 
 tests/fixtures/checkpoints/tiny_qwen3_spinquant/ was written by llm-compressor 0.14 on
 this CPU from specft's tiny Qwen3 (scripts/make_checkpoints.py --schemes
-w8a8_int8_spinquant,w8a8_int8_spinquant_random): Hadamard (or seeded random Hadamard) R1
-and R2 fused into the saved weights, R4 left for run time before down_proj, INT8 W8A8. ``oracle.safetensors`` is what the library's
+w8a8_int8_spinquant,w8a8_int8_spinquant_random,w8a8_int8_spinquant_r3): Hadamard (or seeded
+random Hadamard) R1 and R2 fused into the saved weights, R4 left for run time before
+down_proj (and R3 on queries and keys, in the third), INT8 W8A8. ``oracle.safetensors`` is what the library's
 model computed before it was compressed (transformers' own loader drops the R4 matrix as
 an unexpected key, so it is no oracle here).
 """
@@ -81,3 +82,48 @@ def test_a_transform_specft_cannot_run_is_one_line(tmp_path, edit, message):
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(SpecftError, match=message.replace("(", r"\(").replace(")", r"\)")):
         open_checkpoint(path)
+
+
+R3 = FIXTURES / "w8a8_int8_spinquant_r3"
+
+
+def test_r3_rotates_queries_and_keys_as_the_librarys_model_does():
+    """SpinQuant's R3: a Hadamard per head on queries and keys after RoPE, at run time
+    (llm-compressor saves one matrix, R3_q_attn; its keys' transform is tied to it)."""
+    oracle = load_file(str(R3 / "oracle.safetensors"))
+    model, tokenizer, report = checkpoint_model(R3)
+    assert "transforms R1, R2, R3, R4 (run-time: R3, R4)" in report.checkpoint["summary"]
+    assert report.checkpoint["attention"] == ["queries by R3 (16 wide) and keys by R3 (16 wide), after RoPE, per head"]
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+        greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
+                                oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    for i, h in enumerate(out.hidden_states[1:]):
+        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i  # measured: 0 (bit-equal)
+    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
+    assert torch.equal(greedy, oracle["greedy"])
+    # it runs, and rotates: queries and keys change, their products do not (no KV quantizer here)
+    (rotation,) = model.specft_attention_transforms
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    q2, k2, _ = rotation(q, k, None)
+    assert max_rel(q2, q) > 0.5 and max_rel(k2, k) > 0.5
+    assert max_rel(q2[:, :2] @ k2.transpose(-1, -2), q[:, :2] @ k.transpose(-1, -2)) < 1e-5
+    # without it the products round otherwise, and the INT8 inputs after them move (measured 2.9%)
+    model.specft_attention_transforms.clear()
+    with torch.no_grad():
+        logits = model(oracle["input_ids"]).logits[:, -oracle["logits"].shape[1]:]
+    assert max_rel(logits, oracle["logits"]) > 1e-3
+
+
+def test_an_r3_that_skips_layers_is_refused(tmp_path):
+    from specft.target_model import load_target
+
+    from helpers import root_cfg
+
+    path = Path(shutil.copytree(R3, tmp_path / "ckpt"))
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["transform_config"]["config_groups"]["R3"]["apply"][1]["targets"] = \
+        ["re:.*layers.0.self_attn$"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecftError, match="transform R3 at k_cache covers 1 of 8 attention layers"):
+        load_target(root_cfg("model=hf", f"model.path={path}", "quant=checkpoint").model)

@@ -246,6 +246,8 @@ def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
         if layer.forward is not None:
             module.forward = layer.forward
         report.layers.append(LayerReport(name, "linear"))
+    for transform in ckpt.attention:
+        install_attention_transform(model, transform)
     return report
 
 

@@ -76,10 +76,15 @@ class CheckpointQuant:
     ignored: list[str] = field(default_factory=list)
     layers: dict[str, LayerQuant] = field(default_factory=dict)
     load_state: Callable[[nn.Module, torch.dtype], dict[str, torch.Tensor]] | None = None
+    # (query, key, value) -> (query, key, value), run on every attention call after RoPE
+    # (quant.model_hooks.install_attention_transform): rotations the checkpoint leaves for
+    # run time there (SpinQuant's R3); each has a ``description``
+    attention: list[Callable] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"family": self.family, "summary": self.summary, "ignored": self.ignored,
-                "layers": {n: {"weight": q.weight, "activation": q.activation} for n, q in self.layers.items()}}
+        out = {"family": self.family, "summary": self.summary, "ignored": self.ignored,
+               "layers": {n: {"weight": q.weight, "activation": q.activation} for n, q in self.layers.items()}}
+        return {**out, "attention": [t.description for t in self.attention]} if self.attention else out
 
 
 class FormatFamily:

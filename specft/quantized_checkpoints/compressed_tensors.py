@@ -285,6 +285,8 @@ def input_quantizer(args: CTArgs, local: dict[str, torch.Tensor], name: str) -> 
 
 FUSED_LOCATIONS = ("weight_input", "weight_output")  # folded into the saved weights
 ONLINE_KINDS = ("hadamard", "random-hadamard")  # saved unnormalized; applied / sqrt(n)
+# a Linear's input; queries after RoPE; keys after RoPE, as the KV cache stores them
+ONLINE_LOCATIONS = ("input", "q_attn", "k_cache")
 
 
 @dataclass
@@ -293,6 +295,7 @@ class OnlineTransform:
 
     group: str
     kind: str
+    location: str  # one of ONLINE_LOCATIONS
     targets: list[str]
     ignore: list[str]
     inverse: bool
@@ -300,7 +303,7 @@ class OnlineTransform:
 
     @property
     def tensor(self) -> str:
-        return f"{self.group}_input.weight"  # the library's submodule name: <group>_<location>
+        return f"{self.group}_{self.location}.weight"  # the library's submodule name: <group>_<location>
 
 
 def online_transforms(tcfg: dict) -> list[OnlineTransform]:
@@ -311,12 +314,13 @@ def online_transforms(tcfg: dict) -> list[OnlineTransform]:
             where = args.get("location")
             if where in FUSED_LOCATIONS:
                 continue
-            if where != "input" or kind not in ONLINE_KINDS or scheme.get("randomize"):
+            if where not in ONLINE_LOCATIONS or kind not in ONLINE_KINDS or scheme.get("randomize"):
                 raise SpecftError(f"quant=checkpoint: transform {gname} runs at {where} ({kind}"
                                   f"{', randomized' if scheme.get('randomize') else ''}), which specft cannot run "
-                                  f"yet; supported at run time: input rotations of kind {' or '.join(ONLINE_KINDS)}")
-            out.append(OnlineTransform(gname, kind, list(args.get("targets") or []), list(args.get("ignore") or []),
-                                       bool(args.get("inverse")), scheme.get("head_dim")))
+                                  f"yet; supported at run time: rotations of kind {' or '.join(ONLINE_KINDS)} at "
+                                  f"{', '.join(ONLINE_LOCATIONS)}")
+            out.append(OnlineTransform(gname, kind, where, list(args.get("targets") or []),
+                                       list(args.get("ignore") or []), bool(args.get("inverse")), scheme.get("head_dim")))
     return out
 
 
@@ -331,29 +335,79 @@ class RotatedInput:
         self.scale = math.sqrt(matrix.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.matrix.shape[0]
-        y = ((x.to(self.matrix.dtype).unflatten(-1, (-1, n)) @ self.matrix).flatten(-2) / self.scale).to(x.dtype)
+        y = _rotate(x, self.matrix, self.scale)
         return self.quantize(y) if self.quantize is not None else y
+
+
+def _rotate(x: torch.Tensor, matrix: torch.Tensor, scale: float) -> torch.Tensor:
+    """x's last dim in blocks of the matrix's size, each times the matrix, over ``scale``,
+    computed in the matrix's precision (the library's order of operations)."""
+    n = matrix.shape[0]
+    return ((x.to(matrix.dtype).unflatten(-1, (-1, n)) @ matrix).flatten(-2) / scale).to(x.dtype)
+
+
+@dataclass
+class AttentionRotation:
+    """Queries and/or keys (after RoPE) rotated per head at every attention call; one
+    matrix for all layers (the library ties them)."""
+
+    query: torch.Tensor | None
+    key: torch.Tensor | None
+    description: str
+
+    def __call__(self, query, key, value):
+        if self.query is not None:
+            query = _rotate(query, self.query, math.sqrt(self.query.shape[0]))
+        if self.key is not None:
+            key = _rotate(key, self.key, math.sqrt(self.key.shape[0]))
+        return query, key, value
 
 
 def _transform_matrix(raw: dict, t: OnlineTransform, name: str, module: nn.Module) -> torch.Tensor:
     """The module's own saved matrix, or the group's one of its size: the library shares one
-    matrix per size across modules (tied weights), and saving keeps it under one name."""
+    matrix per size across modules and locations (tied weights; R3's keys use its queries'),
+    and saving keeps it under one name."""
     if f"{name}.{t.tensor}" in raw:
-        return raw[f"{name}.{t.tensor}"]
-    size = t.head_dim or module.in_features
-    shared = [v for k, v in raw.items() if k.endswith("." + t.tensor) and v.shape == (size, size)]
-    return shared[0] if shared else need(raw, f"{name}.{t.tensor}")
+        matrix = raw[f"{name}.{t.tensor}"]
+    else:
+        size = t.head_dim or module.in_features
+        same_place = [v for k, v in raw.items() if k.endswith("." + t.tensor) and v.shape == (size, size)]
+        same_group = [v for k, v in raw.items() if k.endswith(".weight") and "." in k and
+                      k.rsplit(".", 2)[-2].startswith(t.group + "_") and v.shape == (size, size)]
+        matrix = (same_place or same_group or [need(raw, f"{name}.{t.tensor}")])[0]
+    return matrix.T if t.inverse else matrix
+
+
+def _targets(t: OnlineTransform, model: nn.Module):
+    for name, module in model.named_modules():
+        if any(_matches(p, name, module) for p in t.targets) and not any(_matches(p, name, module) for p in t.ignore):
+            yield name, module
+
+
+def _rotate_attention(ckpt: CheckpointQuant, transforms: list[OnlineTransform], model: nn.Module,
+                      raw: dict) -> None:
+    """Queries and keys rotated as the checkpoint's q_attn / k_cache transforms say, on
+    every decoder layer's attention with one matrix each (as SpinQuant's R3 saves them)."""
+    matrices = {}
+    for t in (t for t in transforms if t.location in ("q_attn", "k_cache")):
+        found = [(name, _transform_matrix(raw, t, name, module)) for name, module in _targets(t, model)]
+        layers = model.config.num_hidden_layers
+        if len(found) != layers or any(not torch.equal(m, found[0][1]) for _, m in found):
+            raise SpecftError(f"quant=checkpoint: transform {t.group} at {t.location} covers {len(found)} of "
+                              f"{layers} attention layers or differs between them; specft runs one matrix for all")
+        matrices[t.location] = (t.group, found[0][1])
+    if matrices:
+        what = " and ".join(f"{part} by {matrices[where][0]} ({matrices[where][1].shape[0]} wide)"
+                            for where, part in (("q_attn", "queries"), ("k_cache", "keys")) if where in matrices)
+        query, key = ((matrices[w][1] if w in matrices else None) for w in ("q_attn", "k_cache"))
+        ckpt.attention.append(AttentionRotation(query, key, f"{what}, after RoPE, per head"))
 
 
 def _rotate_inputs(ckpt: CheckpointQuant, transforms: list[OnlineTransform], model: nn.Module, raw: dict) -> None:
-    """Put each online transform in front of its modules' input quantizers."""
-    for t in transforms:
-        for name, module in model.named_modules():
-            if not any(_matches(p, name, module) for p in t.targets) or any(_matches(p, name, module) for p in t.ignore):
-                continue
+    """Put each online transform at a Linear's input in front of its input quantizer."""
+    for t in (t for t in transforms if t.location == "input"):
+        for name, module in _targets(t, model):
             matrix = _transform_matrix(raw, t, name, module)
-            matrix = matrix.T if t.inverse else matrix
             layer = ckpt.layers.get(name) or LayerQuant(name, "16-bit", None)
             layer.quantize_input = RotatedInput(matrix, layer.quantize_input)
             layer.activation = f"{t.group} {t.kind} rotation, then {layer.activation or '16-bit'}"
@@ -446,6 +500,7 @@ class CompressedTensors(FormatFamily):
             ckpt.layers[name] = LayerQuant(name, group.weights.describe() if group.weights else "16-bit",
                                            group.inputs.describe() if group.inputs else None, quantize_input)
         _rotate_inputs(ckpt, transforms, model, raw)
+        _rotate_attention(ckpt, transforms, model, raw)
         stray = sorted(k[: -len(".weight_scale")] for k in raw if k.endswith(".weight_scale")
                        and k[: -len(".weight_scale")] not in ckpt.layers)
         if stray:  # its codes would be read as 16-bit weights
