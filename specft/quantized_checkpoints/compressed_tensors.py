@@ -31,8 +31,10 @@ Transforms (``transform_config``: llm-compressor's SpinQuant and QuIP rotations)
 ``input`` run here as the library runs them, before the input quantizer: the module's
 saved ``<group>_input.weight`` W (its transpose when ``inverse``), x -> (x @ W) / sqrt(n)
 in W's precision (float64) and back, block-diagonal when W is narrower than the input
-(compressed_tensors/transform/factory/hadamard.py). Other run-time places (output, the
-KV cache, queries) and randomized or matrix transforms are refused with one line.
+(compressed_tensors/transform/factory/hadamard.py). Those at ``q_attn`` / ``k_cache``
+(SpinQuant's R3) rotate every head's queries / keys after RoPE the same way, on every
+attention call; the library ties one matrix across layers, and so does specft. Outputs
+and randomized or matrix transforms are refused with one line.
 """
 
 from __future__ import annotations
