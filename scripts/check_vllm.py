@@ -47,8 +47,15 @@ WORKER = ROOT / "scripts" / "vllm_worker.py"
 
 
 def run_config(run_dir: Path, overrides: list[str]):
-    """The run's resolved config with ``overrides`` (dotlist) on top."""
+    """The run's resolved config with ``overrides`` (dotlist) on top. A config-group choice
+    (``data=gsm8k``) has no meaning over a resolved config and would be dropped without a
+    word: it is refused."""
     from specft.validate import to_schema
+
+    groups = [o for o in overrides if "." not in o.split("=", 1)[0]]
+    if groups:
+        raise SystemExit(f"error: override {groups[0]!r} picks a config group; over the run's resolved config give "
+                         "its fields (data.name=gsm8k \"data.mix=[]\" data.path=...)")
 
     base = OmegaConf.create(yaml.safe_load((run_dir / "config.yaml").read_text()))
     return to_schema(OmegaConf.merge(base, OmegaConf.from_dotlist(overrides)))
@@ -214,7 +221,8 @@ def main() -> None:
     ap.add_argument("--auto-detect", action="store_true",
                     help="also load the speculators export alone (LLM(model=EXPORT)) at its own k")
     ap.add_argument("--out", type=Path, default=None, help="default: RUN/check_vllm-<target-weights>")
-    ap.add_argument("overrides", nargs="*", help="config overrides for the prompts, e.g. data=gsm8k data.path=...")
+    ap.add_argument("overrides", nargs="*", help="fields of the run's config for the prompts, e.g. data.name=gsm8k "
+                                                 "data.path=... (a run trained on a mix: also 'data.mix=[]')")
     args = ap.parse_intermixed_args()
 
     run_dir = args.run.resolve()
