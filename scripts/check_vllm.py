@@ -227,9 +227,9 @@ def main() -> None:
 
     run_dir = args.run.resolve()
     out = (args.out or run_dir / f"check_vllm-{args.target_weights}-{args.layout}-{args.quant}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
     cfg = run_config(run_dir, [f"eval.num_prompts={args.num_prompts}", f"eval.max_new_tokens={args.max_new_tokens}",
                                *args.overrides])
+    out.mkdir(parents=True, exist_ok=True)
     checkpoint = resolve_checkpoint(run_dir, "run")
     export = export_draft(checkpoint, out / f"export-{args.layout}-{args.quant}", layout=args.layout,
                           quant=args.quant, dtype=args.dtype, overwrite=True)
