@@ -36,6 +36,19 @@ def test_the_fixture_was_made_by_llm_compressor_with_a_run_time_rotation():
     assert set(groups["config_groups"]) == {"R1", "R2", "R4"}
 
 
+def _assert_equals_the_oracle(model, tokenizer, oracle):
+    """Every decoder layer's output and the logits to 1e-6 (measured: 0, bit-equal), and
+    the same greedy continuation."""
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+        greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
+                                oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    for i, h in enumerate(out.hidden_states[1:]):
+        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i
+    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
+    assert torch.equal(greedy, oracle["greedy"])
+
+
 @pytest.mark.parametrize("name", list(KINDS))
 def test_hidden_states_logits_and_greedy_tokens_equal_the_librarys_model(name):
     oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
@@ -43,14 +56,7 @@ def test_hidden_states_logits_and_greedy_tokens_equal_the_librarys_model(name):
     layers = report.checkpoint["layers"]
     assert f"R4 {KINDS[name]} rotation, then int8" in layers["model.layers.3.mlp.down_proj"]["activation"]
     assert "transforms R1, R2, R4 (run-time: R4)" in report.checkpoint["summary"]
-    with torch.no_grad():
-        out = model(oracle["input_ids"], output_hidden_states=True)
-        greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
-                                oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    for i, h in enumerate(out.hidden_states[1:]):
-        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i  # measured: 0 (bit-equal)
-    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
-    assert torch.equal(greedy, oracle["greedy"])
+    _assert_equals_the_oracle(model, tokenizer, oracle)
 
 
 def test_without_the_run_time_rotation_the_model_is_another():
@@ -94,14 +100,7 @@ def test_r3_rotates_queries_and_keys_as_the_librarys_model_does():
     model, tokenizer, report = checkpoint_model(R3)
     assert "transforms R1, R2, R3, R4 (run-time: R3, R4)" in report.checkpoint["summary"]
     assert report.checkpoint["attention"] == ["queries by R3 (16 wide) and keys by R3 (16 wide), after RoPE, per head"]
-    with torch.no_grad():
-        out = model(oracle["input_ids"], output_hidden_states=True)
-        greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
-                                oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    for i, h in enumerate(out.hidden_states[1:]):
-        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i  # measured: 0 (bit-equal)
-    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
-    assert torch.equal(greedy, oracle["greedy"])
+    _assert_equals_the_oracle(model, tokenizer, oracle)
     # it runs, and rotates: queries and keys change, their products do not (no KV quantizer here)
     (rotation,) = model.specft_attention_transforms
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
