@@ -84,11 +84,12 @@ def save_dequantized(checkpoint: Path, out: Path) -> Path:
     quant=checkpoint loader, exact), activations 16-bit, saved as a plain checkpoint (once):
     the weight-only twin of a target vLLM's CPU path cannot serve as it is (msModelSlim's
     ascendV1, a rotated one)."""
+    from check_checkpoints import specft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if (out / "config.json").exists():
         return out
-    model, tokenizer = specft_checkpoint_model(checkpoint)
+    model, tokenizer = specft_model(checkpoint)
     config = AutoConfig.from_pretrained(checkpoint)
     for key in ("quantization_config", "compression_config"):
         if hasattr(config, key):
@@ -100,16 +101,6 @@ def save_dequantized(checkpoint: Path, out: Path) -> Path:
     tokenizer.save_pretrained(out)
     print(f"dequantized target: {checkpoint} -> {out}", flush=True)
     return out
-
-
-def specft_checkpoint_model(checkpoint: Path):
-    from specft.cli import compose
-    from specft.target_model import load_target
-    from specft.validate import to_schema
-
-    cfg = compose(["model=hf", f"model.path={checkpoint}", "quant=checkpoint", "model.dtype=float32"])
-    OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
-    return load_target(to_schema(cfg).model)
 
 
 def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: int,

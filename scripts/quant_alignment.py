@@ -103,15 +103,15 @@ class Experiment:
         format with a rotation block, or a checkpoint whose quantizer saved it (msModelSlim
         QuaRot); None for an unrotated target."""
         from specft.quant.config import load_quant_config
-        from specft.quantized_checkpoints.msmodelslim import MsModelSlim, offline_rotation
+        from specft.quantized_checkpoints import detect_family
+        from specft.quantized_checkpoints.msmodelslim import MsModelSlim, rotation_file
 
         kind, _, spec = self.targets.get(name, f"emulate:{name}").partition(":")
         if kind == "emulate":
             quant = spec.split(";")[0]
             return quant if load_quant_config(quant).rotation is not None else None
         path = Path(spec.split(":")[0]).resolve()
-        descriptions = sorted(path.glob(MsModelSlim.description_files[0]))
-        return str(path) if descriptions and offline_rotation(json.loads(descriptions[0].read_text())) else None
+        return str(path) if isinstance(detect_family(path), MsModelSlim) and rotation_file(path) else None
 
     def folded(self, quant: str) -> Path:
         return self.out / f"base-folded-{quant}"

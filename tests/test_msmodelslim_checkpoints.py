@@ -176,9 +176,10 @@ def test_an_offline_quarot_checkpoint_runs_as_saved_and_keeps_its_rotation():
     """msModelSlim's offline QuaRot folds R1 (and R2) into the weights; the oracle test
     above runs it bit-equal. Its saved R1 is the one in the weights: the checkpoint's
     embedding (kept in float) is the base model's times R1, to float32 storage."""
-    from helpers import float64_target
     from specft.export.rotation_fold import recover_rotation
     from specft.quantized_checkpoints.msmodelslim import saved_rotation
+
+    from helpers import float64_target
 
     assert open_checkpoint(QUAROT).summary == ("W8A8_DYNAMIC: int8 channel weights, int8 token dynamic inputs; "
                                                "QuaRot rotation folded offline (R1 saved at optional/quarot.safetensors)")

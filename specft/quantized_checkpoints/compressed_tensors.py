@@ -337,32 +337,22 @@ class RotatedInput:
         self.scale = math.sqrt(matrix.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = _rotate(x, self.matrix, self.scale)
+        n = self.matrix.shape[0]
+        y = ((x.to(self.matrix.dtype).unflatten(-1, (-1, n)) @ self.matrix).flatten(-2) / self.scale).to(x.dtype)
         return self.quantize(y) if self.quantize is not None else y
-
-
-def _rotate(x: torch.Tensor, matrix: torch.Tensor, scale: float) -> torch.Tensor:
-    """x's last dim in blocks of the matrix's size, each times the matrix, over ``scale``,
-    computed in the matrix's precision (the library's order of operations)."""
-    n = matrix.shape[0]
-    return ((x.to(matrix.dtype).unflatten(-1, (-1, n)) @ matrix).flatten(-2) / scale).to(x.dtype)
 
 
 @dataclass
 class AttentionRotation:
-    """Queries and/or keys (after RoPE) rotated per head at every attention call; one
-    matrix for all layers (the library ties them)."""
+    """Queries and/or keys (after RoPE) rotated per head at every attention call, as a
+    Linear's input is (RotatedInput); one matrix for all layers (the library ties them)."""
 
-    query: torch.Tensor | None
-    key: torch.Tensor | None
+    query: RotatedInput | None
+    key: RotatedInput | None
     description: str
 
     def __call__(self, query, key, value):
-        if self.query is not None:
-            query = _rotate(query, self.query, math.sqrt(self.query.shape[0]))
-        if self.key is not None:
-            key = _rotate(key, self.key, math.sqrt(self.key.shape[0]))
-        return query, key, value
+        return (self.query(query) if self.query else query), (self.key(key) if self.key else key), value
 
 
 def _transform_matrix(raw: dict, t: OnlineTransform, name: str, module: nn.Module) -> torch.Tensor:
@@ -390,19 +380,19 @@ def _rotate_attention(ckpt: CheckpointQuant, transforms: list[OnlineTransform], 
                       raw: dict) -> None:
     """Queries and keys rotated as the checkpoint's q_attn / k_cache transforms say, on
     every decoder layer's attention with one matrix each (as SpinQuant's R3 saves them)."""
-    matrices = {}
+    rotations, parts = {}, {}
     for t in (t for t in transforms if t.location in ("q_attn", "k_cache")):
-        found = [(name, _transform_matrix(raw, t, name, module)) for name, module in _targets(t, model)]
+        found = [_transform_matrix(raw, t, name, module) for name, module in _targets(t, model)]
         layers = model.config.num_hidden_layers
-        if len(found) != layers or any(not torch.equal(m, found[0][1]) for _, m in found):
+        if len(found) != layers or any(not torch.equal(m, found[0]) for m in found):
             raise SpecftError(f"quant=checkpoint: transform {t.group} at {t.location} covers {len(found)} of "
                               f"{layers} attention layers or differs between them; specft runs one matrix for all")
-        matrices[t.location] = (t.group, found[0][1])
-    if matrices:
-        what = " and ".join(f"{part} by {matrices[where][0]} ({matrices[where][1].shape[0]} wide)"
-                            for where, part in (("q_attn", "queries"), ("k_cache", "keys")) if where in matrices)
-        query, key = ((matrices[w][1] if w in matrices else None) for w in ("q_attn", "k_cache"))
-        ckpt.attention.append(AttentionRotation(query, key, f"{what}, after RoPE, per head"))
+        rotations[t.location] = RotatedInput(found[0])
+        parts[t.location] = f"{'queries' if t.location == 'q_attn' else 'keys'} by {t.group} ({found[0].shape[0]} wide)"
+    if rotations:
+        ckpt.attention.append(AttentionRotation(rotations.get("q_attn"), rotations.get("k_cache"),
+                                                " and ".join(parts[w] for w in ("q_attn", "k_cache") if w in parts)
+                                                + ", after RoPE, per head"))
 
 
 def _rotate_inputs(ckpt: CheckpointQuant, transforms: list[OnlineTransform], model: nn.Module, raw: dict) -> None:

@@ -232,10 +232,14 @@ def _check_untied(model_dir: Path) -> None:
                           "its own lm_head) before quantizing")
 
 
+def rotation_file(model_dir: Path) -> str | None:
+    """Where an msModelSlim checkpoint saved its R1 (relative to it), or None."""
+    return offline_rotation(read_json(sorted(model_dir.glob(DESCRIPTION_GLOB))[0]))
+
+
 def saved_rotation(model_dir: Path) -> torch.Tensor:
     """R1 as msModelSlim saved it (hidden states of the rotated model = original @ R1)."""
-    desc = read_json(sorted(model_dir.glob(DESCRIPTION_GLOB))[0])
-    where = offline_rotation(desc)
+    where = rotation_file(model_dir)
     if where is None:
         raise SpecftError(f"--rotation: the msModelSlim checkpoint {model_dir} is not rotated "
                           "(no optional.quarot.rotation_map.global_rotation)")

@@ -120,6 +120,13 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
                               "now; use cache.sharding=none")
         model = _load_quantized_checkpoint(where, checkpoint, dtype)
     else:
+        if placement.get("tp_plan"):  # the plan read from the config, completed (sharding.complete_tp_plan)
+            from transformers import AutoConfig
+
+            from specft.target_model.sharding import complete_tp_plan
+
+            placement["config"] = AutoConfig.from_pretrained(where, **kwargs)
+            complete_tp_plan(placement["config"])
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kwargs, **placement)
     _check_architecture(cfg, model.config)
     model.eval().requires_grad_(False)

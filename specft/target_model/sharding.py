@@ -154,20 +154,13 @@ FUSED_EXPERTS_TP_PLAN = {"layers.*.mlp.experts.gate_up_proj": "packed_colwise",
                          "layers.*.mlp.experts": "moe_tp_experts"}
 
 
-def _tp_config(cfg: RootConfig):
-    """The model's config, its TP plan completed with the fused experts where the model
-    has them (its expert-parallel plan names them) and the TP plan does not."""
-    from transformers import AutoConfig
-
-    from specft.target_model.loader import MODEL_SOURCES
-
-    where, gguf_file = MODEL_SOURCES.get(cfg.model.source, "model.source")(cfg.model)
-    config = AutoConfig.from_pretrained(where, **({"gguf_file": gguf_file} if gguf_file else {}))
+def complete_tp_plan(config) -> None:
+    """``config``'s TP plan completed with the fused experts where the model has them (its
+    expert-parallel plan names them) and the TP plan does not."""
     plan = dict(getattr(config, "base_model_tp_plan", None) or {})
     ep_plan = getattr(config, "base_model_ep_plan", None) or {}
     if "layers.*.mlp.experts.gate_up_proj" in ep_plan and not any(".experts" in k for k in plan):
         config.base_model_tp_plan = {**plan, **FUSED_EXPERTS_TP_PLAN}
-    return config
 
 
 @SHARDINGS.register("tp")
@@ -180,7 +173,7 @@ def _tensor_parallel(cfg: RootConfig, rank: int, world: int) -> PlacedTarget:
     if world % tp:
         raise ConfigError(f"cache.tp_size={tp} must divide the number of ranks ({world})")
     mesh = init_device_mesh(select_device().kind, (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    model, _ = _from_pretrained(cfg, tp_plan="auto", device_mesh=mesh["tp"], config=_tp_config(cfg))
+    model, _ = _from_pretrained(cfg, tp_plan="auto", device_mesh=mesh["tp"])
     return PlacedTarget(model, rank // tp, world // tp, writer=rank % tp == 0, weight_editor=_dtensor_edit)
 
 
