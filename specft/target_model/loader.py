@@ -107,6 +107,23 @@ def load_tokenizer(cfg: ModelConfig):
     return _tokenizer_from(where, {"gguf_file": gguf_file} if gguf_file else {})
 
 
+# Fused MoE experts (gate_up_proj / down_proj as 3-D parameters) split over the TP group:
+# transformers up to 5.24 put these in Qwen3-MoE's TP plan; 5.25 moved the experts to its
+# expert-parallel plan only, which left them whole on every rank under TP.
+FUSED_EXPERTS_TP_PLAN = {"layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+                         "layers.*.mlp.experts.down_proj": "rowwise",
+                         "layers.*.mlp.experts": "moe_tp_experts"}
+
+
+def complete_tp_plan(config) -> None:
+    """``config``'s TP plan completed with the fused experts where the model has them (its
+    expert-parallel plan names them) and the TP plan does not."""
+    plan = dict(getattr(config, "base_model_tp_plan", None) or {})
+    ep_plan = getattr(config, "base_model_ep_plan", None) or {}
+    if "layers.*.mlp.experts.gate_up_proj" in ep_plan and not any(".experts" in k for k in plan):
+        config.base_model_tp_plan = {**plan, **FUSED_EXPERTS_TP_PLAN}
+
+
 def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement):
     """(model in eval mode with frozen weights, tokenizer). ``placement``: from_pretrained's
     device_map / tp_plan / device_mesh (see sharding.py)."""
@@ -120,10 +137,8 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
                               "now; use cache.sharding=none")
         model = _load_quantized_checkpoint(where, checkpoint, dtype)
     else:
-        if placement.get("tp_plan"):  # the plan read from the config, completed (sharding.complete_tp_plan)
+        if placement.get("tp_plan"):  # the plan read from the config, completed
             from transformers import AutoConfig
-
-            from specft.target_model.sharding import complete_tp_plan
 
             placement["config"] = AutoConfig.from_pretrained(where, **kwargs)
             complete_tp_plan(placement["config"])

@@ -146,23 +146,6 @@ def _dtensor_edit(param: nn.Parameter):
     data.to_local().copy_(distribute_tensor(full, data.device_mesh, data.placements).to_local())
 
 
-# Fused MoE experts (gate_up_proj / down_proj as 3-D parameters) split over the TP group:
-# transformers up to 5.24 put these in Qwen3-MoE's TP plan; 5.25 moved the experts to its
-# expert-parallel plan only, which left them whole on every rank under TP.
-FUSED_EXPERTS_TP_PLAN = {"layers.*.mlp.experts.gate_up_proj": "packed_colwise",
-                         "layers.*.mlp.experts.down_proj": "rowwise",
-                         "layers.*.mlp.experts": "moe_tp_experts"}
-
-
-def complete_tp_plan(config) -> None:
-    """``config``'s TP plan completed with the fused experts where the model has them (its
-    expert-parallel plan names them) and the TP plan does not."""
-    plan = dict(getattr(config, "base_model_tp_plan", None) or {})
-    ep_plan = getattr(config, "base_model_ep_plan", None) or {}
-    if "layers.*.mlp.experts.gate_up_proj" in ep_plan and not any(".experts" in k for k in plan):
-        config.base_model_tp_plan = {**plan, **FUSED_EXPERTS_TP_PLAN}
-
-
 @SHARDINGS.register("tp")
 def _tensor_parallel(cfg: RootConfig, rank: int, world: int) -> PlacedTarget:
     from torch.distributed.device_mesh import init_device_mesh
