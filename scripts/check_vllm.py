@@ -110,7 +110,7 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     matched by fake-quantizing the draft the same way (weights and activations)."""
     from specft.config import aux_layer_ids
     from specft.decoding import SamplingConfig, SpecDecoder
-    from specft.decoding.draft import ChainRunner
+    from specft.drafts import DRAFT_ARCHS
     from specft.eval.drafts import load_draft, share_target_embedding
     from specft.eval.runner import load_prompts
     from specft.target_model import load_target
@@ -133,7 +133,7 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     share_target_embedding(draft, target)
     runs = []
     for k in [0, *ks]:
-        runner = ChainRunner(draft) if k else None
+        runner = DRAFT_ARCHS.get(draft.architecture).runner(draft) if k else None
         decoder = SpecDecoder(target, runner, aux_layer_ids(cfg.model), eos, pad)
         decoder.generate(prompts[:1], k, 4, SamplingConfig(0.0))  # warm-up: first calls allocate
         tokens, start = [], time.perf_counter()
@@ -206,7 +206,8 @@ def main() -> None:
                          "target, in both engines, e.g. a rotated msModelSlim checkpoint vLLM's CPU path cannot run")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="both engines' compute dtype (vLLM's CPU INT8 kernels take bfloat16 inputs only)")
-    ap.add_argument("--layout", choices=["eagle3", "speculators"], default="eagle3")
+    ap.add_argument("--layout", choices=["eagle3", "speculators", "peagle"], default="eagle3",
+                    help="peagle: a P-EAGLE draft, served with vLLM's parallel drafting")
     ap.add_argument("--quant", choices=["none", "auto", "fp8", "mxfp4"], default="none",
                     help="the export's weights (compressed-tensors for fp8 / mxfp4), as `specft export --quant`")
     ap.add_argument("--auto-detect", action="store_true",
@@ -238,7 +239,7 @@ def main() -> None:
                                        getattr(torch, args.dtype))
     request = {"target": str(target_dir), "draft": str(export), "prompts": prompts, "ks": args.ks,
                "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "target_alone": True,
-               "max_num_seqs": args.batch}
+               "max_num_seqs": args.batch, "parallel_drafting": args.layout == "peagle"}
     work = out / "vllm"
     work.mkdir(exist_ok=True)
     vllm = vllm_side(args.vllm_python, request, work)

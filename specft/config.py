@@ -129,6 +129,9 @@ class DraftConfig:
     # Quantization-aware training of the draft: the name of a conf/quant config whose
     # weight and activation specs the draft's linear layers are trained through (STE).
     quant: str | None = None
+    # The architecture's own settings (e.g. peagle's mask_token_id); each architecture
+    # names and checks its keys (DraftArch.options).
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -153,6 +153,7 @@ def validate_draft(cfg: RootConfig) -> None:
         _check_init_layer(d, cfg.model, arch)
     if arch.check is not None:
         arch.check(d, cfg.model)
+    _check_options(d, cfg, arch)
     heads = d.num_heads or cfg.model.num_heads
     kv = d.num_kv_heads or (cfg.model.num_kv_heads if not d.num_heads else heads)
     if heads % kv:
@@ -162,6 +163,20 @@ def validate_draft(cfg: RootConfig) -> None:
                           f"{d.ttt_steps}, got {len(d.step_weights)}")
     if d.quant is not None:
         load_quant_config(d.quant, "draft.quant")
+
+
+def _check_options(d, cfg: RootConfig, arch) -> None:
+    """The architecture's own options, and the k that validation replays against the
+    most tokens a round of it may draft."""
+    if arch.options is not None:
+        arch.options(d, cfg.model)
+    elif d.options:
+        raise ConfigError(f"draft.options: draft.name={d.name} takes no options; got {sorted(d.options)}")
+    limit = arch.max_draft_tokens(d) if arch.max_draft_tokens is not None else None
+    if limit is not None and max(cfg.eval.k, default=0) > limit:
+        raise ConfigError(f"eval.k: a {d.name} draft drafts at most {limit} tokens a round (draft.ttt_steps="
+                          f"{d.ttt_steps}), so validation cannot replay k={max(cfg.eval.k)}; raise "
+                          f"draft.ttt_steps or lower eval.k")
 
 
 def _check_init_layer(d, m: ModelConfig, arch) -> None:

@@ -40,7 +40,7 @@ def stop_unsure(logits: torch.Tensor, j: int, min_confidence: float, active: tor
     return active & confident, proposed
 
 
-def _last_valid(valid: torch.Tensor) -> torch.Tensor:
+def last_valid(valid: torch.Tensor) -> torch.Tensor:
     m = valid.shape[1]
     return m - 1 - valid.long().flip(-1).argmax(-1)
 
@@ -106,37 +106,44 @@ class ChainRunner:
         hidden = self._step(emb, hidden, attend)
         return hidden, fresh
 
-    @torch.no_grad()
-    def extend(self, aux, final, tokens, next_tokens, valid) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add context positions (features at p, token x[p+1]) for the ``valid`` columns
-        [B, m] (``tokens`` holds x[p], unused by feature-driven heads); returns the hidden state and logits at each row's last new position."""
-        valid = valid.bool()
+    def context_columns(self, aux, final, next_tokens, valid) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step-0 inputs of new context positions (features at p, token x[p+1]): the token
+        embeddings, the hidden inputs and the RoPE positions of the ``valid`` columns."""
         positions = self.next_pos[:, None] + (valid.long().cumsum(-1) - 1).clamp(min=0)
-        hidden, fresh = self._run(self.draft.embed_tokens(next_tokens), self._start_hidden(aux, final),
-                                  positions, valid)
+        return self.draft.embed_tokens(next_tokens), self._start_hidden(aux, final), positions
+
+    def commit(self, fresh: list, valid: torch.Tensor) -> None:
+        """Keep the new context columns' keys and values (``fresh``, per attention module)."""
         for i, (k, v) in enumerate(fresh):
             self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], 2)
             self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], 2)
         self.mask = torch.cat([self.mask, valid], 1)
         self.next_pos = self.next_pos + valid.sum(-1)
-        last = hidden[torch.arange(hidden.shape[0]), _last_valid(valid)]
+
+    @torch.no_grad()
+    def extend(self, aux, final, tokens, next_tokens, valid) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add context positions (features at p, token x[p+1]) for the ``valid`` columns
+        [B, m] (``tokens`` holds x[p], unused by feature-driven heads); returns the hidden
+        state and logits at each row's last new position."""
+        valid = valid.bool()
+        emb, start, positions = self.context_columns(aux, final, next_tokens, valid)
+        hidden, fresh = self._run(emb, start, positions, valid)
+        self.commit(fresh, valid)
+        last = hidden[torch.arange(hidden.shape[0]), last_valid(valid)]
         return last, self._logits(last)
 
     @torch.no_grad()
     def propose(self, hidden, logits, k: int, s: SamplingConfig, min_confidence: float = 0.0,
                 generator: torch.Generator | None = None) -> Proposal:
-        """Draft k tokens from each row's last context position."""
+        """Draft k tokens from each row's last context position, one step per token."""
         b = hidden.shape[0]
-        d2t = self.draft.draft_to_target
-        tokens, probs = [], []
-        proposed = torch.full((b,), k, dtype=torch.long, device=hidden.device)
-        active = torch.ones(b, dtype=torch.bool, device=hidden.device)
+        picks = DraftPicks(self.draft, b, k, s, min_confidence, generator, hidden.device)
         chain_k = [[] for _ in self.attns]
         chain_v = [[] for _ in self.attns]
         base = self.next_pos - 1
         for j in range(k):
             if j:
-                emb = self.draft.embed_tokens(tokens[-1])[:, None]
+                emb = self.draft.embed_tokens(picks.tokens[-1])[:, None]
                 hidden, fresh = self._run(emb, hidden[:, None], (base + j)[:, None],
                                           torch.ones(b, 1, dtype=torch.bool, device=hidden.device),
                                           chain_k, chain_v)
@@ -145,19 +152,42 @@ class ChainRunner:
                     chain_v[i].append(vv)
                 hidden = hidden[:, 0]
                 logits = self._logits(hidden)
-            active, proposed = stop_unsure(logits, j, min_confidence, active, proposed)
-            if s.greedy:
-                choice = logits.argmax(-1)
-            else:
-                q = warp(logits, s)
-                choice = sample(q, generator)
-                full = torch.zeros(b, self.draft.t2d.numel(), dtype=q.dtype, device=q.device)
-                probs.append(full.scatter(1, d2t.expand(b, -1), q))
-            tokens.append(d2t[choice])
-            if min_confidence > 0 and not active.any():
+            if not picks.add(j, logits):
                 break
-        stacked = torch.stack(tokens, 1)
-        return Proposal(stacked, torch.stack(probs, 1) if probs else None, proposed.clamp(max=stacked.shape[1]))
+        return picks.proposal()
+
+
+class DraftPicks:
+    """The tokens a round drafts, chosen position by position from the draft's logits
+    over its own vocabulary (greedy or sampled, mapped to target ids), with dynamic draft
+    length; chain and parallel drafters share it."""
+
+    def __init__(self, draft, batch: int, k: int, s: SamplingConfig, min_confidence: float,
+                 generator: torch.Generator | None, device):
+        self.draft, self.s, self.min_confidence, self.generator = draft, s, min_confidence, generator
+        self.tokens: list[torch.Tensor] = []
+        self.probs: list[torch.Tensor] = []
+        self.proposed = torch.full((batch,), k, dtype=torch.long, device=device)
+        self.active = torch.ones(batch, dtype=torch.bool, device=device)
+
+    def add(self, j: int, logits: torch.Tensor) -> bool:
+        """Choose position j's tokens; False when no row drafts further."""
+        self.active, self.proposed = stop_unsure(logits, j, self.min_confidence, self.active, self.proposed)
+        d2t = self.draft.draft_to_target
+        if self.s.greedy:
+            choice = logits.argmax(-1)
+        else:
+            q = warp(logits, self.s)
+            choice = sample(q, self.generator)
+            full = torch.zeros(q.shape[0], self.draft.t2d.numel(), dtype=q.dtype, device=q.device)
+            self.probs.append(full.scatter(1, d2t.expand(q.shape[0], -1), q))
+        self.tokens.append(d2t[choice])
+        return not (self.min_confidence > 0 and not self.active.any())
+
+    def proposal(self) -> Proposal:
+        stacked = torch.stack(self.tokens, 1)
+        return Proposal(stacked, torch.stack(self.probs, 1) if self.probs else None,
+                        self.proposed.clamp(max=stacked.shape[1]))
 
 
 class TargetAsDraft:
@@ -187,7 +217,7 @@ class TargetAsDraft:
         valid = valid.long()
         self.runner.forward(tokens, valid)
         self.runner.commit(valid.sum(-1))
-        nxt = next_tokens[torch.arange(valid.shape[0]), _last_valid(valid.bool())]
+        nxt = next_tokens[torch.arange(valid.shape[0]), last_valid(valid.bool())]
         return None, self.runner.forward(nxt[:, None]).logits[:, -1]
 
     @torch.no_grad()

@@ -128,7 +128,9 @@ class SpecDecoder:
         self.target.select_rows(keep)
         if self.draft is not None:
             self.draft.select_rows(keep)
-            state.d_logits = state.d_logits[keep]
+            # A parallel drafter runs its context positions with the next round's draft
+            # forward, so it hands back no state of its own here (None).
+            state.d_logits = state.d_logits[keep] if state.d_logits is not None else None
             state.d_hidden = state.d_hidden[keep] if state.d_hidden is not None else None
 
     def _round(self, state: _State, k: int, s: SamplingConfig, min_confidence: float, gen,

@@ -28,6 +28,12 @@ class DraftArch:
     runner: type = ChainRunner  # drafting with a KV cache at decode time
     # draft.init=target_layer: (head, a target decoder layer) -> names copied, or None.
     init_from_layer: Callable | None = None
+    # (draft config, model config) -> the architecture's resolved options (defaults filled,
+    # values checked with ConfigError), kept in DraftHeadConfig.options; None: it takes none.
+    options: Callable | None = None
+    # draft config -> the most tokens one round may draft (a parallel drafter's trained
+    # slots); None: a chain drafter drafts any k.
+    max_draft_tokens: Callable | None = None
 
 
 DRAFT_ARCHS: Registry[DraftArch] = Registry("draft architecture")

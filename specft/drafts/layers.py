@@ -6,7 +6,7 @@ q_norm/k_norm, mlp.gate_proj/up_proj/down_proj)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,11 @@ class DraftHeadConfig:
     num_aux_layers: int = 3
     num_layers: int = 1
     target_hidden_size: int | None = None  # null: hidden_size (the usual EAGLE-3 draft)
+    # The architecture's own settings (DraftArch.options resolves them from draft.options),
+    # e.g. a parallel drafter's mask token.
+    options: dict = field(default_factory=dict)
+    # The most tokens one round may draft (a parallel drafter's trained slots); None: any k.
+    max_draft_tokens: int | None = None
 
 
 @dataclass

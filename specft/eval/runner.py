@@ -72,8 +72,17 @@ def _load_drafts(cfg: RootConfig, dtype) -> list[tuple[str, object, dict]]:
     for label, path in zip(labels, paths):
         draft, meta = load_draft(path, dtype)
         check_draft_matches_target(meta, cfg, str(path))
+        check_draft_length(meta, e.k, str(path))
         out.append((label, draft, meta))
     return out
+
+
+def check_draft_length(meta: dict, ks: list[int], path: str) -> None:
+    """A parallel drafter fills only the slots it was trained with."""
+    limit = meta.get("max_draft_tokens")
+    if limit is not None and max(ks, default=0) > limit:
+        raise SpecftError(f"eval.k: {path} is a {meta.get('architecture')} draft trained to draft at most {limit} "
+                          f"tokens a round; got k={max(ks)} (allowed: 1..{limit})")
 
 
 def check_draft_matches_target(meta: dict, cfg: RootConfig, path: str) -> None:

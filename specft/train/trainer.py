@@ -65,16 +65,18 @@ def build_draft(cfg: RootConfig, reader: CacheReader, heldout: SourcesReader | N
     heads = d.num_heads or target["num_heads"]
     # A custom head count without a kv count means plain multi-head attention.
     kv_heads = d.num_kv_heads or (target["num_kv_heads"] if not d.num_heads else heads)
+    arch = DRAFT_ARCHS.get(cfg.draft.name, "draft.name")
     c = DraftHeadConfig(
         hidden_size=d.hidden_size or cfg.model.hidden_size, target_hidden_size=cfg.model.hidden_size,
         num_heads=heads, num_kv_heads=kv_heads,
         head_dim=d.head_dim or target["head_dim"], num_layers=d.num_layers,
         intermediate_size=cfg.draft.intermediate_size or target["intermediate_size"],
         target_vocab_size=target["vocab_size"], draft_vocab_size=vocab.size,
-        rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm)
+        rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm,
+        options=arch.options(d, cfg.model) if arch.options is not None else {},
+        max_draft_tokens=arch.max_draft_tokens(d) if arch.max_draft_tokens is not None else None)
     draft_rows = reader.target_head_rows_at(vocab.draft_to_target)
     head = {"embed_tokens": reader.target_embedding(), "draft_rows": draft_rows}
-    arch = DRAFT_ARCHS.get(cfg.draft.name, "draft.name")
     draft = arch.build(c, head, vocab)
     if cfg.draft.init == "target_layer":
         from specft.drafts.init import load_target_layer

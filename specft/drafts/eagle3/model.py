@@ -115,6 +115,12 @@ class Eagle3Draft(nn.Module):
             hidden = layer.step(emb, hidden, lambda x, i=i: attend(i, x))
         return hidden
 
+    def step_inputs(self, j: int, input_ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """TTT step j's (token embedding, hidden input) at every position p: token x[p+j+1]
+        and the previous step's output (step 0: fc of the target features), as chain
+        drafting feeds them."""
+        return self.embed_tokens(F.pad(input_ids[:, j + 1:], (0, j + 1), value=0)), hidden
+
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, final_hidden: torch.Tensor | None,
                 steps: int) -> DraftOutput:
         """TTT unroll for steps 0..steps-1: draft logits [B, T, Vd] and hidden states
@@ -126,9 +132,8 @@ class Eagle3Draft(nn.Module):
         keys, values = [[] for _ in layers], [[] for _ in layers]  # per layer, per step
         out = DraftOutput([], [])
         for j in range(steps):
-            tokens = F.pad(input_ids[:, j + 1:], (0, j + 1), value=0)
             positions = torch.arange(j, t + j, device=input_ids.device)
-            emb = self.embed_tokens(tokens)
+            emb, hidden = self.step_inputs(j, input_ids, hidden)
             for i, layer in enumerate(layers):
                 hidden = layer(emb, hidden, positions, keys[i], values[i])
             out.hidden.append(hidden)
