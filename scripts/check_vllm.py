@@ -206,8 +206,8 @@ def main() -> None:
                          "target, in both engines, e.g. a rotated msModelSlim checkpoint vLLM's CPU path cannot run")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="both engines' compute dtype (vLLM's CPU INT8 kernels take bfloat16 inputs only)")
-    ap.add_argument("--layout", choices=["eagle3", "speculators", "peagle"], default="eagle3",
-                    help="peagle: a P-EAGLE draft, served with vLLM's parallel drafting")
+    ap.add_argument("--layout", choices=["eagle3", "speculators", "peagle", "dflash"], default="eagle3",
+                    help="peagle: a P-EAGLE draft, served with vLLM's parallel drafting; dflash: a DFlash draft")
     ap.add_argument("--quant", choices=["none", "auto", "fp8", "mxfp4"], default="none",
                     help="the export's weights (compressed-tensors for fp8 / mxfp4), as `specft export --quant`")
     ap.add_argument("--auto-detect", action="store_true",
@@ -239,7 +239,8 @@ def main() -> None:
                                        getattr(torch, args.dtype))
     request = {"target": str(target_dir), "draft": str(export), "prompts": prompts, "ks": args.ks,
                "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "target_alone": True,
-               "max_num_seqs": args.batch, "parallel_drafting": args.layout == "peagle"}
+               "max_num_seqs": args.batch, "parallel_drafting": args.layout == "peagle",
+               "method": "dflash" if args.layout == "dflash" else "eagle3"}
     work = out / "vllm"
     work.mkdir(exist_ok=True)
     vllm = vllm_side(args.vllm_python, request, work)

@@ -88,10 +88,8 @@ def validate_model(m: ModelConfig) -> None:
     if m.source == "hf" and not m.path:
         raise ConfigError("model.path: required for model.source=hf (a local directory or a hub id)")
     ids = aux_layer_ids(m)
-    if len(ids) != 3:
-        raise ConfigError(f"model.aux_layer_ids: EAGLE-3 fuses 3 layers, got {len(ids)}: {ids}")
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"model.aux_layer_ids: each layer once; got {ids} (three distinct layers, "
+    if not ids or len(set(ids)) != len(ids):
+        raise ConfigError(f"model.aux_layer_ids: each layer once; got {ids} (distinct layers, "
                           f"e.g. {default_aux_layer_ids(m.num_layers)})")
     for i in ids:
         if not 0 <= i < m.num_layers:
@@ -154,6 +152,10 @@ def validate_draft(cfg: RootConfig) -> None:
     if arch.check is not None:
         arch.check(d, cfg.model)
     _check_options(d, cfg, arch)
+    ids = aux_layer_ids(cfg.model)
+    if arch.feature_layers is not None and len(ids) != arch.feature_layers:
+        raise ConfigError(f"model.aux_layer_ids: draft.name={d.name} fuses {arch.feature_layers} layers, "
+                          f"got {len(ids)}: {ids}")
     heads = d.num_heads or cfg.model.num_heads
     kv = d.num_kv_heads or (cfg.model.num_kv_heads if not d.num_heads else heads)
     if heads % kv:

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
 from specft.config import ModelConfig
@@ -81,3 +82,40 @@ def checkpoint_model(path):
 def max_rel(a, b) -> float:
     """max |a - b| / max |b|, in float64."""
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def steered(runner_cls):
+    """``runner_cls`` (a parallel or block drafter's runner) with its drafted tokens
+    steered towards the target's own greedy continuation, each replaced by it with
+    probability 1 - eps: a random draft is never accepted, and the runner's cache must
+    follow every accepted length. Each round's own drafted tokens land in ``drafted``."""
+    from specft.decoding.draft import TargetAsDraft
+
+    class Steered(runner_cls):
+        def __init__(self, draft, model, eps, seed):
+            super().__init__(draft)
+            self.oracle = TargetAsDraft(model)
+            self.eps, self.gen = eps, torch.Generator().manual_seed(seed)
+            self.drafted = []
+
+        def reset(self, batch, device):
+            super().reset(batch, device)
+            self.oracle.reset(batch, device)
+
+        def select_rows(self, rows):
+            super().select_rows(rows)
+            self.oracle.select_rows(rows)
+
+        def extend(self, aux, final, tokens, next_tokens, valid):
+            super().extend(aux, final, tokens, next_tokens, valid)
+            return self.oracle.extend(aux, final, tokens, next_tokens, valid)
+
+        def propose(self, hidden, logits, k, s, min_confidence=0.0, generator=None):
+            mine = super().propose(None, None, k, s)
+            self.drafted.append(mine.tokens)
+            truth = self.oracle.propose(hidden, logits, k, s).tokens
+            keep = torch.rand(truth.shape, generator=self.gen) < self.eps
+            mine.tokens = torch.where(keep, mine.tokens, truth)
+            return mine
+
+    return Steered

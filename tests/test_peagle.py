@@ -11,12 +11,12 @@ from test_spec import _reference, _setup
 
 from specft.config import aux_layer_ids
 from specft.decoding import SamplingConfig, SpecDecoder
-from specft.decoding.draft import TargetAsDraft
 from specft.drafts import DraftHeadConfig
 from specft.drafts.peagle import PEagleDraft
 from specft.drafts.peagle.runner import ParallelRunner
 
 from conftest import run_cli
+from helpers import steered
 
 
 @pytest.fixture(autouse=True)
@@ -100,35 +100,7 @@ def test_mask_slots_ignore_the_tokens_before_them():
     assert not torch.allclose(a.logits[0][0, 5], b.logits[0][0, 5])  # step 0 at 5 reads x[6]
 
 
-class SteeredParallel(ParallelRunner):
-    """The parallel runner with its drafted tokens steered towards the target's own greedy
-    continuation (each replaced by it with probability 1 - eps): a random draft is never
-    accepted, and the runner's cache must follow every accepted length."""
-
-    def __init__(self, draft, model, eps, seed):
-        super().__init__(draft)
-        self.oracle = TargetAsDraft(model)
-        self.eps, self.gen = eps, torch.Generator().manual_seed(seed)
-
-    def reset(self, batch, device):
-        super().reset(batch, device)
-        self.oracle.reset(batch, device)
-
-    def select_rows(self, rows):
-        super().select_rows(rows)
-        self.oracle.select_rows(rows)
-
-    def extend(self, aux, final, tokens, next_tokens, valid):
-        super().extend(aux, final, tokens, next_tokens, valid)
-        return self.oracle.extend(aux, final, tokens, next_tokens, valid)
-
-    def propose(self, hidden, logits, k, s, min_confidence=0.0, generator=None):
-        mine = super().propose(None, None, k, s)
-        self.drafted.append(mine.tokens)
-        truth = self.oracle.propose(hidden, logits, k, s).tokens
-        keep = torch.rand(truth.shape, generator=self.gen) < self.eps
-        mine.tokens = torch.where(keep, mine.tokens, truth)
-        return mine
+SteeredParallel = steered(ParallelRunner)
 
 
 @pytest.mark.parametrize("model", ["tiny_qwen3", "tiny_qwen3_moe"])
@@ -145,7 +117,6 @@ def test_greedy_parallel_drafting_is_the_targets_own_output(model):
     assert plain.tokens == ref and plain.stats.proposed == 3 * plain.stats.rounds
     for k in range(1, 9):
         runner = SteeredParallel(draft, m, eps=0.3, seed=k)
-        runner.drafted = []
         wide = SpecDecoder(m, runner, ids, eos).generate(prompts, k, n)
         assert wide.tokens == ref, f"k={k} batch 16"
         assert 0 < wide.stats.accepted < wide.stats.proposed
@@ -153,7 +124,6 @@ def test_greedy_parallel_drafting_is_the_targets_own_output(model):
         one = []
         for p in prompts[:2]:
             runner = SteeredParallel(draft, m, 0.3, k)
-            runner.drafted = []
             one.append(SpecDecoder(m, runner, ids, eos).generate([p], k, n).tokens[0])
         assert one == ref[:2], f"k={k} batch 1"
 

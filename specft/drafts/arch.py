@@ -13,6 +13,7 @@ from torch import nn
 from specft.decoding.draft import ChainRunner
 from specft.drafts.layers import DraftHeadConfig
 from specft.drafts.vocab import DraftVocab
+from specft.errors import ConfigError
 from specft.registry import Registry
 
 
@@ -34,6 +35,8 @@ class DraftArch:
     # draft config -> the most tokens one round may draft (a parallel drafter's trained
     # slots); None: a chain drafter drafts any k.
     max_draft_tokens: Callable | None = None
+    # How many target layers (model.aux_layer_ids, cached by stage 1) it fuses; None: any.
+    feature_layers: int | None = 3
 
 
 DRAFT_ARCHS: Registry[DraftArch] = Registry("draft architecture")
@@ -41,3 +44,21 @@ DRAFT_ARCHS: Registry[DraftArch] = Registry("draft architecture")
 
 def register_draft(name: str, arch: DraftArch) -> DraftArch:
     return DRAFT_ARCHS.register(name)(arch)
+
+
+MASK_OPTIONS = ("mask_token_id",)
+
+
+def mask_token_options(draft, model) -> dict:
+    """mask_token_id: the token the mask slots embed (null: the target vocabulary's last
+    id). The embedding is the target's, frozen: any id serves, the draft's own weights
+    learn what a mask slot means. Parallel drafters (peagle, dflash) share this."""
+    unknown = sorted(set(draft.options) - set(MASK_OPTIONS))
+    if unknown:
+        raise ConfigError(f"draft.options: a {draft.name} draft takes {', '.join(MASK_OPTIONS)}; got {unknown}")
+    mask = draft.options.get("mask_token_id")
+    mask = model.vocab_size - 1 if mask is None else mask
+    if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < model.vocab_size:
+        raise ConfigError(f"draft.options.mask_token_id: a token id of the target, 0..{model.vocab_size - 1}; "
+                          f"got {mask!r}")
+    return {"mask_token_id": mask}

@@ -73,6 +73,7 @@ def build_draft(cfg: RootConfig, reader: CacheReader, heldout: SourcesReader | N
         intermediate_size=cfg.draft.intermediate_size or target["intermediate_size"],
         target_vocab_size=target["vocab_size"], draft_vocab_size=vocab.size,
         rope_theta=target["rope_theta"], rms_norm_eps=target["rms_norm_eps"], qk_norm=qk_norm,
+        num_aux_layers=len(reader.manifest["aux_layer_ids"]),
         options=arch.options(d, cfg.model) if arch.options is not None else {},
         max_draft_tokens=arch.max_draft_tokens(d) if arch.max_draft_tokens is not None else None)
     draft_rows = reader.target_head_rows_at(vocab.draft_to_target)
