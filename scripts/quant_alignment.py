@@ -86,11 +86,11 @@ class Experiment:
         parts = spec.split(":")
         return parts[1] if kind == "checkpoint" and len(parts) > 1 and parts[1] else None
 
-    def train(self, name: str, quant: str, run_dir: Path, *extra: str) -> None:
+    def train(self, name: str, quant: str, run_dir: Path, *extra: str, ttt_steps: int | None = None) -> None:
         a = self.args
         # Validation replays decoding on the held-out prompts eval decodes (the target's own
         # answers), so every run's log predicts its eval.
-        args = ["train", *self.target(quant), *self.train_data(), f"draft.ttt_steps={a.ttt_steps}",
+        args = ["train", *self.target(quant), *self.train_data(), f"draft.ttt_steps={ttt_steps or a.ttt_steps}",
                 f"draft.vocab_size={a.vocab_size}", f"draft.vocab_fill={a.vocab_fill}",
                 f"trainer.max_steps={a.steps}", f"trainer.save_every={min(a.save_every, a.steps)}",
                 "trainer.val_data=heldout", f"trainer.val_samples={a.val_samples or a.eval_prompts}",
@@ -304,8 +304,8 @@ def summary_markdown(rows: list[dict], walls: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str = __doc__) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     # Defaults: the recipe and data of docs/results.md's latest result (part 6).
     p.add_argument("--out-dir", type=Path, default=Path("runs/quant_alignment"))
     p.add_argument("--parts", default="base,base-eval,mxfp4-ours,mxfp4-qat,mxfp4-eval,fp8-ours,fp8-qat,fp8-eval",
@@ -347,7 +347,11 @@ def main() -> None:
                         "targets a part may name beside the quant names (names without '-')")
     p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
     p.add_argument("--sharegpt", type=Path, default=SHARED / "sharegpt_sample" / "conversations.json")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     exp = Experiment(args)
     for part in args.parts.split(","):
         if part:  # --parts '': only rewrite the summary of what <out-dir> holds
