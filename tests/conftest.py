@@ -29,3 +29,14 @@ def run_cli(args, cwd, timeout=600, check=True):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models decode faster on one thread (and do not fight a parallel job for cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -119,3 +119,21 @@ def steered(runner_cls):
             return mine
 
     return Steered
+
+
+def context_in_three_extends(hidden: int = 32, vocab: int = 64):
+    """A draft's context as decoding adds it: two rows of 12 tokens with their target
+    features (3 x ``hidden``, float64), 11 context columns of which row 1 rejected column
+    5, each kept column paired with the next kept token (x[11] after the last). Returns
+    (x, aux, keep, next tokens)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, vocab, (2, 12), generator=gen)
+    aux = torch.randn(2, 12, 3 * hidden, generator=gen, dtype=torch.float64)
+    keep = torch.ones(2, 11, dtype=torch.bool)
+    keep[1, 5] = False
+    nxt = x.clone()
+    for row in range(2):
+        cols = [*keep[row].nonzero().flatten().tolist(), 11]
+        for here, after in zip(cols, cols[1:]):
+            nxt[row, here] = x[row, after]
+    return x, aux, keep, nxt

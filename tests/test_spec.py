@@ -16,16 +16,9 @@ from specft.drafts import DraftHeadConfig, Eagle3Draft, MtpDraft
 from specft.quant import apply_quant
 from specft.target_model import load_target, load_tokenizer
 
-from helpers import root_cfg
+from helpers import context_in_three_extends, root_cfg
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models decode faster on one thread (and do not fight a parallel job for cores).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _setup(model="tiny_qwen3", quant="mxfp4", n=16, dtype=torch.float64):
@@ -182,20 +175,10 @@ def test_cached_chain_drafting_equals_the_training_unroll(arch):
     training steps attend a separate sequence)."""
     draft = _small_eagle(mtp=arch == "mtp")
     runner = ChainRunner(draft)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randint(0, 64, (2, 12), generator=gen)
-    aux = torch.randn(2, 12, 96, generator=gen, dtype=torch.float64)
-    final = torch.randn(2, 12, 32, generator=gen, dtype=torch.float64)
+    x, aux, keep, nxt = context_in_three_extends(hidden=32)
+    final = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     runner.reset(2, "cpu")
     chunks = [(0, 4), (4, 8), (8, 11)]
-    keep = torch.ones(2, 11, dtype=torch.bool)
-    keep[1, 5] = False  # row 1 rejected the token at column 5
-    # Each kept column pairs with the next kept token (x[11] after the last).
-    nxt = x.clone()
-    for row in range(2):
-        cols = [*keep[row].nonzero().flatten().tolist(), 11]
-        for here, after in zip(cols, cols[1:]):
-            nxt[row, here] = x[row, after]
     for a, b in chunks:
         hidden, logits = runner.extend(aux[:, a:b], final[:, a:b], x[:, a:b], nxt[:, a:b], keep[:, a:b])
     seen = []

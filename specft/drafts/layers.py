@@ -121,3 +121,21 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """A pre-norm decoder layer (Llama / Qwen3 names) around an attention module of the
+    head's own kind; how that attention reads its keys is the caller's (``attend``)."""
+
+    def __init__(self, c: DraftHeadConfig, attention: type[AttentionProjections]):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = attention(c, c.hidden_size)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+
+    def step(self, h: torch.Tensor, attend) -> torch.Tensor:
+        """``attend(x)`` maps the attention input to o_proj's output (training's full
+        sequence or blocks, or decoding's KV cache)."""
+        h = h + attend(self.input_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h))

@@ -24,7 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specft.drafts.layers import AttentionProjections, DraftHeadConfig, DraftOutput, RMSNorm, SwiGLU
+from specft.drafts.layers import (
+    AttentionProjections,
+    DecoderLayer,
+    DraftHeadConfig,
+    DraftOutput,
+    RMSNorm,
+)
 from specft.drafts.vocab import register_vocab_buffers
 
 
@@ -37,21 +43,6 @@ class DFlashAttention(AttentionProjections):
         k = self.rotary(self.k_norm(k), positions)
         rep = self.c.num_heads // self.c.num_kv_heads
         return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-
-
-class DFlashLayer(nn.Module):
-    def __init__(self, c: DraftHeadConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = DFlashAttention(c, c.hidden_size)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
-
-    def step(self, h: torch.Tensor, attend) -> torch.Tensor:
-        """The layer around its attention: ``attend(x)`` maps the attention input to
-        o_proj's output (every block at once in training, a KV cache in decoding)."""
-        h = h + attend(self.input_layernorm(h))
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 def block_attention(attn: DFlashAttention, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor,
@@ -81,7 +72,7 @@ class DFlashDraft(nn.Module):
         self.config = c
         self.fc = nn.Linear(c.num_aux_layers * (c.target_hidden_size or c.hidden_size), c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(c, DFlashAttention) for _ in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         if embed_tokens.shape[1] == c.hidden_size:  # the target's embedding, frozen

@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specft.drafts.layers import AttentionProjections, DraftHeadConfig, DraftOutput, RMSNorm, SwiGLU
+from specft.drafts.layers import (
+    AttentionProjections,
+    DecoderLayer,
+    DraftHeadConfig,
+    DraftOutput,
+    RMSNorm,
+)
 from specft.drafts.vocab import register_vocab_buffers
 
 
@@ -28,19 +34,9 @@ class MtpAttention(AttentionProjections):
                                                        scale=1.0 / math.sqrt(self.c.head_dim)))
 
 
-class MtpBlock(nn.Module):
+class MtpBlock(DecoderLayer):
     def __init__(self, c: DraftHeadConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.self_attn = MtpAttention(c, c.hidden_size)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
-
-    def step(self, x: torch.Tensor, attend) -> torch.Tensor:
-        """The block around its attention: ``attend(x)`` maps the attention input to
-        o_proj's output (causal over a sequence in training, a KV cache in decoding)."""
-        h = x + attend(self.input_layernorm(x))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        super().__init__(c, MtpAttention)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.step(x, lambda y: self.self_attn(y, positions))
