@@ -22,14 +22,14 @@ from safetensors.torch import save_file
 from specft.export.rotation_fold import recover_rotation
 
 
-def input_embedding(folder: Path) -> torch.Tensor:
-    """The embed_tokens weight from a HF checkpoint folder (sharded or not)."""
+def tensor(folder: Path, suffix: str) -> torch.Tensor | None:
+    """The tensor named ...``suffix`` in a HF checkpoint folder (sharded or not), or None."""
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
             for key in f.keys():
-                if key.endswith("embed_tokens.weight"):
+                if key.endswith(suffix):
                     return f.get_tensor(key)
-    raise SystemExit(f"error: no embed_tokens.weight in {folder}")
+    return None
 
 
 def main() -> None:
@@ -38,11 +38,16 @@ def main() -> None:
     ap.add_argument("rotated", type=Path)
     ap.add_argument("out", type=Path)
     a = ap.parse_args()
-    r, residual, centered = recover_rotation(input_embedding(a.base), input_embedding(a.rotated))
+    embeddings = [tensor(folder, "embed_tokens.weight") for folder in (a.base, a.rotated)]
+    if any(e is None for e in embeddings):
+        raise SystemExit(f"error: no embed_tokens.weight in {a.base if embeddings[0] is None else a.rotated}")
+    # Untied heads pin the direction a centered embedding leaves open.
+    heads = [tensor(folder, "lm_head.weight") for folder in (a.base, a.rotated)]
+    r, residual, centered = recover_rotation(*embeddings, *heads)
     save_file({"R1": r.contiguous()}, str(a.out))
     ortho = (r @ r.T - torch.eye(r.shape[0], dtype=torch.float64)).abs().max().item()
     print(json.dumps({"size": r.shape[0], "relative_residual": residual, "base_centered": centered,
-                      "max_orthogonality_error": ortho,
+                      "max_orthogonality_error": ortho, "heads_used": all(h is not None for h in heads),
                       "out": str(a.out)}))
 
 

@@ -161,10 +161,19 @@ def test_rotation_is_recovered_from_the_two_checkpoints(targets):
 
 def test_rotation_is_recovered_from_llm_compressors_spinquant_checkpoint():
     """The real thing: llm-compressor centered the embedding, then rotated it by its
-    Hadamard R1 (the fixture of tests/test_transform_checkpoints.py, made from this base)."""
+    Hadamard R1 (the fixture of tests/test_transform_checkpoints.py, made from this base).
+    The centered embedding alone fits a rotation with either sign along the direction of
+    the mean; the untied heads pin that sign."""
     from test_transform_checkpoints import FIXTURE
 
-    base = float64_target("tiny_qwen3").get_input_embeddings().weight.float()
-    rotated = load_file(str(FIXTURE / "model.safetensors"))["model.embed_tokens.weight"]
-    r, residual, centered = recover_rotation(base, rotated)
+    model = float64_target("tiny_qwen3")
+    rotated = load_file(str(FIXTURE / "model.safetensors"))
+    base = model.get_input_embeddings().weight.float()
+    r, residual, centered = recover_rotation(base, rotated["model.embed_tokens.weight"],
+                                             model.lm_head.weight.float(), rotated["lm_head.weight"])
     assert centered and residual < 1e-6 and (r - orthogonal("hadamard", H)).abs().max() < 1e-6
+    # Without the heads the fit is as good, but the mean's direction is the SVD's choice:
+    # R agrees with R1 on every vector orthogonal to the mean.
+    alone, residual, _ = recover_rotation(base, rotated["model.embed_tokens.weight"])
+    off_mean = torch.eye(H, dtype=torch.float64) - torch.full((H, H), 1.0 / H, dtype=torch.float64)
+    assert residual < 1e-6 and (off_mean @ (alone - orthogonal("hadamard", H))).abs().max() < 1e-6

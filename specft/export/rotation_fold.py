@@ -125,21 +125,28 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
     return out
 
 
-def recover_rotation(base_embedding: torch.Tensor, rotated_embedding: torch.Tensor) -> tuple[torch.Tensor, float, bool]:
+def recover_rotation(base_embedding: torch.Tensor, rotated_embedding: torch.Tensor,
+                     base_head: torch.Tensor | None = None,
+                     rotated_head: torch.Tensor | None = None) -> tuple[torch.Tensor, float, bool]:
     """R1 from the two checkpoints' embeddings (rotated = base @ R1; embeddings are kept in
     high precision by every rotating quantizer here): the orthogonal Procrustes solution,
     R = U V^T from the SVD of base^T rotated, in float64. llm-compressor's SpinQuant first
     centers each embedding row (subtracts its mean), so the base is tried as is and
-    centered, and the better fit kept. Returns (R, relative residual |base @ R - rotated| /
+    centered, and the better fit kept. A centered embedding says nothing of where R1 sends
+    the direction of the mean (every row is orthogonal to it), and the SVD picks a sign
+    there at random: the untied lm_heads (rotated = base @ R1, never centered) pin it, so
+    they join the fit when given. Returns (R, relative residual |base @ R - rotated| /
     |rotated|, whether the base was centered); for an exact rotation the residual is the
     storage rounding."""
     a, b = base_embedding.double(), rotated_embedding.double()
     if a.shape != b.shape:
         raise SpecftError(f"recover rotation: the embeddings differ in shape ({tuple(a.shape)} vs {tuple(b.shape)})")
+    heads = (base_head.double(), rotated_head.double()) if base_head is not None and rotated_head is not None else None
     fits = []
     for centered, base in ((False, a), (True, a - a.mean(-1, keepdim=True))):
-        u, _, vt = torch.linalg.svd(base.T @ b)
+        x, y = (torch.cat([base, heads[0]]), torch.cat([b, heads[1]])) if heads else (base, b)
+        u, _, vt = torch.linalg.svd(x.T @ y)
         r = u @ vt
-        fits.append((((base @ r - b).norm() / b.norm()).item(), centered, r))
+        fits.append((((x @ r - y).norm() / y.norm()).item(), centered, r))
     residual, centered, r = min(fits, key=lambda f: f[0])
     return r, residual, centered
