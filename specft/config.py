@@ -214,6 +214,7 @@ class EvalConfig:
     dtype: str = "auto"
     out_dir: str | None = None  # null: <run_dir>/eval
     seed: int = 0
+    device: str = "auto"  # auto (an NPU, else a GPU, else the CPU) | cpu | cuda | npu
 
 
 @dataclass

@@ -78,3 +78,10 @@ def resolve_dtype(name: str) -> str:
     if name != "auto":
         return name
     return "bfloat16" if native_bf16() else "float32"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a wall-clock reading counts it (a no-op on
+    CPU, whose work is done when the call returns)."""
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize()

@@ -258,6 +258,7 @@ def _validate_eval(e: EvalConfig) -> None:
     _positive(e.num_prompts, "eval.num_prompts")
     _positive(e.max_new_tokens, "eval.max_new_tokens")
     _choice(e.dtype, (*EVAL_DTYPES, "auto"), "eval.dtype")
+    _choice(e.device, ("auto", "cpu", "cuda", "npu"), "eval.device")
     if e.labels is not None and len(e.labels) != len(e.drafts):
         raise ConfigError(f"eval.labels: one label per draft; {len(e.drafts)} drafts, {len(e.labels)} labels")
     if e.temperature < 0 or not 0 < e.top_p <= 1 or e.top_k < 0:

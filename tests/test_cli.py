@@ -355,3 +355,11 @@ def test_heldout_validation_of_a_mix_scores_each_source(tmp_path):
     splits = sorted(json.loads((d / "manifest.json").read_text())["provenance"]["data"]["split"]
                     for d in (tmp_path / "cache").iterdir())
     assert splits == ["train", "validation", "validation"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: eval.device=cuda would run")
+def test_eval_on_a_device_this_machine_lacks_is_one_line(tmp_path):
+    bad = run_cli(["eval", "model=tiny_qwen3", "eval.device=cuda"], cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "error: eval.device: cuda is not available on this machine; use eval.device=auto or cpu")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # refused before anything was written

@@ -11,6 +11,7 @@ import torch
 from specft.decoding.draft import ChainRunner
 from specft.decoding.sampling import SamplingConfig, sample, verify_greedy, verify_sampling, warp
 from specft.decoding.target import TargetRunner
+from specft.device import synchronize
 from specft.target_model.loader import left_pad
 
 
@@ -95,6 +96,7 @@ class SpecDecoder:
         # Room for every new token plus one round's pending columns; the holes rejected
         # drafts leave are compacted by the target runner before the cache would grow.
         state = self._prefill(prompts, s, gen, device, room=max_new_tokens + k + 1)
+        synchronize(device)
         stats.prefill_s = time.perf_counter() - t0
         stats.prefill_tokens = sum(len(p) for p in prompts)
         live = self._emit(out, state.rows, state.last[:, None], torch.ones_like(state.last), max_new_tokens)
@@ -105,6 +107,7 @@ class SpecDecoder:
             emitted, count = self._round(state, k, s, min_confidence, gen, stats)
             live = self._emit(out, state.rows, emitted, count, max_new_tokens)
             stats.peak_kv_bytes = max(stats.peak_kv_bytes, self._kv_bytes())
+        synchronize(device)
         stats.decode_s = time.perf_counter() - t0
         stats.generated = sum(len(o) for o in out)
         return DecodeResult(out, stats)

@@ -77,6 +77,17 @@ def _load_drafts(cfg: RootConfig, dtype) -> list[tuple[str, object, dict]]:
     return out
 
 
+def eval_device(name: str) -> torch.device:
+    """eval.device: auto takes an NPU, else a GPU, else the CPU."""
+    from specft.device import select_device
+
+    try:
+        return torch.device(select_device(None if name == "auto" else name).kind)
+    except RuntimeError:
+        raise SpecftError(f"eval.device: {name} is not available on this machine; use eval.device=auto or cpu") \
+            from None
+
+
 def check_draft_length(meta: dict, ks: list[int], path: str) -> None:
     """A parallel drafter fills only the slots it was trained with."""
     limit = meta.get("max_draft_tokens")
@@ -163,14 +174,16 @@ def run_eval(cfg: RootConfig) -> Path:
     e = cfg.eval
     out_dir = Path(e.out_dir or Path(cfg.run_dir) / "eval").expanduser().resolve()
     dtype = DTYPES[resolve_dtype(cfg.model.dtype) if e.dtype == "auto" else e.dtype]
+    device = eval_device(e.device)
     drafts = _load_drafts(cfg, dtype)  # first: a wrong or damaged draft fails before any work
     tokenizer = load_tokenizer(cfg.model)
     prompts, left_out = load_prompts(cfg, tokenizer)
-    target = load_quantized_target(cfg, prompts, dtype)
+    target = load_quantized_target(cfg, prompts, dtype).to(device)
     eos = stop_token_ids(tokenizer, target)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     target_bytes = _bytes(target)
     for _, draft, meta in drafts:
+        draft.to(device)
         meta["shares_target_embedding"] = share_target_embedding(draft, target)
     runs = [(None, None, 0)] if e.target_alone else []
     runs += [(label, draft, k) for label, draft, _ in drafts for k in e.k]
@@ -197,7 +210,8 @@ def run_eval(cfg: RootConfig) -> Path:
     comparisons = compare_drafts(records, e.seed)
     meta = {"model": cfg.model.name, "quant": cfg.quant.name, "prompts": len(prompts), "prompts_left_out": left_out,
             "data": cfg.data.name, "split": cfg.data.split, "max_new_tokens": e.max_new_tokens,
-            "temperature": e.temperature, "dtype": e.dtype, "torch_threads": torch.get_num_threads(),
+            "temperature": e.temperature, "dtype": e.dtype, "device": str(device),
+            "torch_threads": torch.get_num_threads(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "drafts": {label: meta for label, _, meta in drafts}}
     write_reports(out_dir, records, meta, comparisons)
