@@ -190,6 +190,8 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
+    import specft.drafts  # noqa: F401  (registers every architecture's layouts)
+    from specft.drafts.layouts import LAYOUTS
     from specft.eval.drafts import resolve_checkpoint
     from specft.export import export_draft
 
@@ -239,8 +241,7 @@ def main() -> None:
                                        getattr(torch, args.dtype))
     request = {"target": str(target_dir), "draft": str(export), "prompts": prompts, "ks": args.ks,
                "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "target_alone": True,
-               "max_num_seqs": args.batch, "parallel_drafting": args.layout == "peagle",
-               "method": "dflash" if args.layout == "dflash" else "eagle3"}
+               "max_num_seqs": args.batch, "speculative": LAYOUTS.get(args.layout).vllm_speculative}
     work = out / "vllm"
     work.mkdir(exist_ok=True)
     vllm = vllm_side(args.vllm_python, request, work)

@@ -6,8 +6,8 @@ draft export at each k, writing what vLLM counted as JSON.
 
 REQUEST: {"target": dir, "draft": export dir or null (speculators auto-detection when
 "auto_detect"), "prompts": [[ids]], "ks": [3, 5], "max_new_tokens": 64, "dtype":
-"float32", "target_alone": true, "auto_detect": false, "max_num_seqs": 1, "parallel_drafting":
-false, "method": "eagle3" or "dflash"}. Called by check_vllm.py.
+"float32", "target_alone": true, "auto_detect": false, "max_num_seqs": 1, "speculative":
+{"method": "eagle3"} (the export layout's own settings)}. Called by check_vllm.py.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def _engine(request: dict, k: int | None):
         return LLM(model=request["target"], **common)
     if request.get("auto_detect"):  # a speculators export names its verifier itself
         return LLM(model=request["draft"], **common)
-    speculative = {"method": request.get("method", "eagle3"), "model": request["draft"], "num_speculative_tokens": k,
-                   "parallel_drafting": request.get("parallel_drafting", False)}
+    speculative = {**request.get("speculative", {"method": "eagle3"}), "model": request["draft"],
+                   "num_speculative_tokens": k}
     return LLM(model=request["target"], speculative_config=speculative, **common)
 
 

@@ -62,3 +62,14 @@ def verifier_block(meta: dict) -> dict:
     v = meta.get("verifier") or {}
     return {"name_or_path": v.get("name_or_path") or meta.get("target_model"),
             "architectures": list(v.get("architectures") or [])}
+
+
+def serving_tensors(state: dict, meta: dict) -> dict:
+    """A draft's state as serving engines read it: without draft_to_target (specft's own
+    index), without the frozen copy of the target's embedding (the engine shares the
+    target's), and without d2t/t2d for a draft over the whole target vocabulary (vLLM then
+    builds no id map and refuses one in the checkpoint)."""
+    full_vocab = "d2t" in state and not state["d2t"].any() and bool(state["t2d"].all())
+    return {name: t for name, t in state.items()
+            if name != "draft_to_target" and not (full_vocab and name in ("d2t", "t2d"))
+            and not (name.startswith("embed_tokens") and not meta["learned_embedding"])}

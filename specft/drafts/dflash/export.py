@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from specft.drafts.layouts import LAYOUTS, decoder_block
+from specft.drafts.layouts import LAYOUTS, decoder_block, serving_tensors
 
 
 @LAYOUTS.register("dflash")
 class DFlashLayout:
+    vllm_speculative = {"method": "dflash"}
+
     def config(self, meta: dict) -> dict:
         block = decoder_block({**meta, "qk_norm": True})  # DFlash layers are Qwen3 layers
         return {"architectures": ["DFlashDraftModel"], **block,
@@ -22,8 +24,4 @@ class DFlashLayout:
                                   "target_layer_ids": list(meta["aux_layer_ids"]), "causal": False}}
 
     def tensors(self, state: dict, meta: dict, target_head) -> dict[str, torch.Tensor]:
-        # A draft over the whole target vocabulary writes no id map (vLLM then builds none).
-        full_vocab = not state["d2t"].any() and bool(state["t2d"].all())
-        skip = {"draft_to_target", *(("d2t", "t2d") if full_vocab else ())}
-        return {name: t for name, t in state.items() if name not in skip
-                and not (name.startswith("embed_tokens") and not meta["learned_embedding"])}
+        return serving_tensors(state, meta)

@@ -9,21 +9,16 @@ from specft.drafts.layouts import (
     LAYOUTS,
     decoder_block,
     layer_kind,
+    serving_tensors,
     verifier_block,
     vllm_aux_ids,
 )
 
 
 def _eagle3_tensors(state: dict, meta: dict) -> dict[str, torch.Tensor]:
-    # A draft over the whole target vocabulary maps ids to themselves: vLLM then builds no
-    # d2t parameter and refuses one in the checkpoint (llama_eagle3.py), so none is written.
-    full_vocab = "d2t" in state and not state["d2t"].any() and bool(state["t2d"].all())
+    """Serving tensors, extra decoder layers named as the engines' layers.{i}."""
     out = {}
-    for name, t in state.items():
-        if name in ("draft_to_target",) or name.startswith("embed_tokens") and not meta["learned_embedding"]:
-            continue
-        if full_vocab and name in ("d2t", "t2d"):
-            continue
+    for name, t in serving_tensors(state, meta).items():
         if name.startswith("extra_layers."):
             index, rest = name[len("extra_layers."):].split(".", 1)
             name = f"layers.{int(index) + 1}.{rest}"
@@ -33,6 +28,9 @@ def _eagle3_tensors(state: dict, meta: dict) -> dict[str, torch.Tensor]:
 
 @LAYOUTS.register("eagle3")
 class Eagle3Layout:
+    # What vLLM's speculative_config needs beside the model and k to draft with it.
+    vllm_speculative = {"method": "eagle3"}
+
     def config(self, meta: dict) -> dict:
         ids = vllm_aux_ids(meta)
         return {"architectures": [LAYER_KINDS[layer_kind(meta)][1]], **decoder_block(meta),
@@ -46,6 +44,8 @@ class Eagle3Layout:
 
 @LAYOUTS.register("speculators")
 class SpeculatorsLayout:
+    vllm_speculative = {"method": "eagle3"}
+
     def config(self, meta: dict) -> dict:
         return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
                 "transformer_layer_config": {"architectures": [LAYER_KINDS[layer_kind(meta)][2]],

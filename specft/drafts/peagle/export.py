@@ -11,6 +11,8 @@ from specft.drafts.layouts import LAYOUTS
 
 @LAYOUTS.register("peagle")
 class PEagleLayout(Eagle3Layout):
+    vllm_speculative = {"method": "eagle3", "parallel_drafting": True}
+
     def config(self, meta: dict) -> dict:
         return {**super().config(meta), "mask_token_id": meta["options"]["mask_token_id"],
                 "parallel_draft_tokens": meta["max_draft_tokens"]}
