@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from specft.cache import ensure_cache
+from specft.cache import CacheReader, ensure_cache
 from specft.cli import compose
 from specft.launch import set_single_rank_env
 from specft.train.batches import collate
@@ -54,12 +54,12 @@ class TimedTrainer(Trainer):
 
     data_seconds = 0.0
 
-    def _forward(self, indices):
+    def _forward(self, indices, step=None):
         t0 = time.perf_counter()
         items = [self.reader[i] for i in indices]
         batch = collate(items)
         self.data_seconds += time.perf_counter() - t0
-        return self._forward_batch(batch)
+        return self._forward_batch(batch, validating=step is None)
 
 
 def run_variant(base_cfg, cache_dir: Path, name: str, overrides: dict, steps: int, warmup: int) -> dict:
@@ -70,7 +70,7 @@ def run_variant(base_cfg, cache_dir: Path, name: str, overrides: dict, steps: in
     OmegaConf.update(cfg, "trainer.save_every", 10**9)
     root = to_schema(cfg)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    trainer = TimedTrainer(root, cache_dir)
+    trainer = TimedTrainer(root, CacheReader(cache_dir))
     for s in range(warmup):
         trainer._train_step(s)
     trainer.data_seconds = 0.0

@@ -185,6 +185,13 @@ class TrainerConfig:
     feature_noise: float = 0.0
     mix_quant: str | None = None
     mix_fraction: float = 0.5
+    # Where the target's features come from: cache (stage 1 writes them to disk, stage 2
+    # reads them) or online (the served target runs inside training and computes them
+    # as steps read them; nothing is cached). See train/online.py.
+    features: str = "cache"
+
+
+FEATURE_SOURCES = ("cache", "online")
 
 
 @dataclass
@@ -227,6 +234,11 @@ class PlanConfig:
     device_tflops: float = 300.0  # dense bf16 FLOP/s the forward reaches before MFU
     mfu: float = 0.4
     with_kv: bool = False  # count a KV cache (regeneration); capture runs without one
+    # Cache or online (trainer.features): the cache's size for data sets of these many
+    # samples of tokens_per_sample tokens (null: data.max_seq_len) against what training
+    # online adds: the target's forward over every step's tokens.
+    samples: list[int] = field(default_factory=lambda: [10_000, 100_000, 1_000_000])
+    tokens_per_sample: int | None = None
 
 
 @dataclass

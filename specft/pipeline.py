@@ -5,6 +5,9 @@
    (trainer.val_data=heldout) and a second target's cache (trainer.mix_quant);
 3. stage 2: train the draft; the final checkpoint's folder is the result.
 
+With trainer.features=online, `specft train` skips 1 and 2: the served target is loaded
+into stage 2 and computes the features as training reads them (train/online.py).
+
 `specft eval` and `specft export` read a finished run (eval/, export/)."""
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from specft.cache import ensure_cache
 from specft.config import RootConfig
 from specft.data.select import heldout_sides
 from specft.quant.config import load_quant_config
+from specft.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,8 @@ def with_heldout_data(cfg: RootConfig) -> dict[str, RootConfig]:
 
 def caches_needed(cfg: RootConfig, command: str) -> list[RootConfig]:
     """The config of every cache a job reads, in the order run_job builds them."""
+    if command == "train" and cfg.trainer.features == "online":
+        return []
     configs = [cfg]
     if command == "cache":
         return configs
@@ -44,19 +50,46 @@ def caches_needed(cfg: RootConfig, command: str) -> list[RootConfig]:
     return configs
 
 
-def run_job(cfg: RootConfig, command: str, rank: int, world: int) -> Path:
-    cache_dir = ensure_cache(cfg, rank, world, verify=command == "cache")
-    if command == "cache":
-        return cache_dir
-    mix_dir, val_dirs = None, None
+def cached_features(cfg: RootConfig, rank: int, world: int):
+    """(training, trainer.mix_quant, held-out) readers over stage 1's caches, built first
+    where missing."""
+    from specft.cache import CacheReader, SourcesReader
+
+    reader = CacheReader(ensure_cache(cfg, rank, world))
+    mix = None
     if cfg.trainer.mix_quant is not None:
-        mix_dir = ensure_cache(with_quant(cfg, cfg.trainer.mix_quant), rank, world)
+        mix = CacheReader(ensure_cache(with_quant(cfg, cfg.trainer.mix_quant), rank, world))
+    val = None
     if cfg.trainer.val_data == "heldout":
         val_dirs = {}
         for source, side in with_heldout_data(cfg).items():
             log.info("validation cache (%s): up to %d held-out conversations, answers by the target",
                      source, cfg.trainer.val_samples)
             val_dirs[source] = ensure_cache(side, rank, world)
+        val = SourcesReader.from_dirs(val_dirs)
+    return reader, mix, val
+
+
+def online_features(cfg: RootConfig, rank: int, world: int):
+    """The same readers with the target computing the features in training (no mix:
+    validate.py refuses trainer.mix_quant online)."""
+    from specft.train.online import online_readers
+
+    heldout = with_heldout_data(cfg) if cfg.trainer.val_data == "heldout" else None
+    reader, val = online_readers(cfg, rank, world, heldout)
+    return reader, None, val
+
+
+# trainer.features: where stage 2's features come from.
+FEATURES = Registry("feature source")
+FEATURES.register("cache")(cached_features)
+FEATURES.register("online")(online_features)
+
+
+def run_job(cfg: RootConfig, command: str, rank: int, world: int) -> Path:
+    if command == "cache":
+        return ensure_cache(cfg, rank, world, verify=True)
+    readers = FEATURES.get(cfg.trainer.features, "trainer.features")(cfg, rank, world)
     from specft.train.trainer import Trainer  # DeepSpeed and the heads load only to train
 
-    return Trainer(cfg, cache_dir, rank, world, mix_dir, val_dirs).train()
+    return Trainer(cfg, readers[0], rank, world, *readers[1:]).train()

@@ -13,6 +13,11 @@ Formulas (all bytes; B*T = cache.batch_size x data.max_seq_len tokens per forwar
   kv_heads * head_dim * 2, split over TP ranks.
 - write rate: forward tokens/s per rank = device FLOP/s * MFU / (2 * active params per
   token, lm_head excluded), times the cache's bytes per token (4H values + 9 bytes).
+- cache or online, for N samples of T tokens (plan.samples, plan.tokens_per_sample): the
+  cache takes N * T * bytes per token on disk and one target pass, N * T / forward
+  tokens/s device-seconds; online training (trainer.features=online) writes nothing and
+  pays the target's forward over each step's tokens instead, micro_batch_size *
+  grad_accum * T / forward tokens/s seconds per rank and step: one target pass per epoch.
 """
 
 from __future__ import annotations
@@ -103,6 +108,29 @@ def format_plan(m: ModelConfig, q: QuantConfig, p: PlanConfig, rows: list[dict])
     return "\n".join(lines)
 
 
+def cache_or_online_rows(cfg, cache_bytes_per_token: float, forward_tokens_per_s: float) -> list[dict]:
+    """Per data-set size: the cache on disk and the target pass that writes it, against
+    the target forward online training adds to every step (see the module doc)."""
+    t = cfg.plan.tokens_per_sample or cfg.data.max_seq_len
+    step_tokens = cfg.trainer.micro_batch_size * cfg.trainer.grad_accum * t
+    return [{"samples": n, "tokens_per_sample": t, "cache_tb": n * t * cache_bytes_per_token / 1e12,
+             "target_pass_device_hours": n * t / forward_tokens_per_s / 3600,
+             "online_s_per_step_per_rank": step_tokens / forward_tokens_per_s}
+            for n in cfg.plan.samples]
+
+
+def format_cache_or_online(cfg, rows: list[dict]) -> str:
+    lines = [f"cache or online: samples of {rows[0]['tokens_per_sample']} tokens, cache.dtype={cfg.cache.dtype}; "
+             f"online adds the target's forward to every step "
+             f"({cfg.trainer.micro_batch_size} x {cfg.trainer.grad_accum} samples per rank)",
+             f"{'samples':>10} {'cache':>10} {'target pass (device-h)':>23} {'online: +s per step':>20}"]
+    for r in rows:
+        size = f"{r['cache_tb']:.2f} TB" if r["cache_tb"] >= 1 else f"{1000 * r['cache_tb']:.1f} GB"
+        lines.append(f"{r['samples']:>10} {size:>10} {r['target_pass_device_hours']:23.1f} "
+                     f"{r['online_s_per_step_per_rank']:20.2f}")
+    return "\n".join(lines)
+
+
 def run_plan(cfg) -> list[dict]:
     from specft.cache.storage import bytes_per_token
     from specft.config import aux_layer_ids
@@ -112,6 +140,8 @@ def run_plan(cfg) -> list[dict]:
     per_token = bytes_per_token(cfg.cache.dtype, cfg.model.hidden_size, len(aux_layer_ids(cfg.model)) + 1) + 5
     rows = plan_rows(cfg.model, cfg.quant, cfg.plan, tokens, per_token)
     print(format_plan(cfg.model, cfg.quant, cfg.plan, rows))
+    if cfg.plan.samples:
+        print(format_cache_or_online(cfg, cache_or_online_rows(cfg, per_token, rows[0]["tokens_per_s_per_rank"])))
     if not any(r["fits"] for r in rows):
         raise SpecftError(f"plan: {cfg.model.name} / {cfg.quant.name} does not fit {cfg.plan.device_memory_gb:g} GB "
                           f"devices at {', '.join(map(str, cfg.plan.devices))} ranks; add devices or lower "

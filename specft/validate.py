@@ -16,11 +16,13 @@ from specft.config import (
     DRAFT_INITS,
     DTYPES,
     EVAL_DTYPES,
+    FEATURE_SOURCES,
     MODEL_FAMILIES,
     MODEL_SOURCES,
     PRECISIONS,
     VAL_DATA,
     VOCAB_FILLS,
+    CacheConfig,
     DataConfig,
     EvalConfig,
     ModelConfig,
@@ -225,12 +227,35 @@ def validate_trainer(cfg: RootConfig) -> None:
         raise ConfigError(f"trainer.mix_fraction: must be in (0, 1), got {t.mix_fraction}")
     if t.mix_quant is not None:
         load_quant_config(t.mix_quant, "trainer.mix_quant")
+    _choice(t.features, FEATURE_SOURCES, "trainer.features")
+    if t.features == "online":
+        _check_online(cfg)
+
+
+def _check_online(cfg: RootConfig) -> None:
+    """What only a cache uses has no meaning online: refused rather than ignored."""
+    if cfg.cache.dir is not None:
+        raise ConfigError(f"cache.dir: trainer.features=online writes no cache, got cache.dir={cfg.cache.dir}; "
+                          "drop it, or train from that cache with trainer.features=cache")
+    if cfg.cache.dtype != CacheConfig.dtype:
+        raise ConfigError(f"cache.dtype: trainer.features=online stores no features (they stay in the "
+                          f"target's precision), got cache.dtype={cfg.cache.dtype}; drop it")
+    if cfg.trainer.mix_quant is not None:
+        raise ConfigError("trainer.mix_quant: mixes a second target's cache, which trainer.features=online "
+                          "does not build; use trainer.features=cache")
+    if cfg.cache.sharding == "tp":
+        raise ConfigError("cache.sharding: trainer.features=online places the target whole (none) or "
+                          "partitioned (zero3); tp is for stage 1's cache only for now")
 
 
 def validate_plan(cfg: RootConfig) -> None:
     _choice(cfg.plan.strategy, ("zero3", "tp"), "plan.strategy")
     for n in cfg.plan.devices:
         _positive(n, "plan.devices")
+    for n in cfg.plan.samples:
+        _positive(n, "plan.samples")
+    if cfg.plan.tokens_per_sample is not None:
+        _positive(cfg.plan.tokens_per_sample, "plan.tokens_per_sample")
 
 
 def validate(cfg: RootConfig) -> None:

@@ -57,3 +57,20 @@ def test_plan_refuses_what_does_not_fit(tmp_path):
     bad = run_cli(["plan", "model=qwen2_5_72b", "quant=bf16", "plan.devices=[1]"], cwd=tmp_path, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: plan: qwen2_5_72b / bf16 does not fit")
     assert not (tmp_path / "runs").exists()  # arithmetic only: nothing written
+
+
+def test_cache_or_online_by_hand(tmp_path):
+    from specft.plan import cache_or_online_rows
+
+    cfg = root_cfg("model=qwen3_32b", "quant=mxfp4", "plan.samples=[30000]", "plan.tokens_per_sample=2048",
+                   "trainer.micro_batch_size=2", "trainer.grad_accum=4")
+    h = 5120
+    per_token = 4 * h * 2 + 9  # 3 aux layers + final in bf16, token id and mask
+    tok_s = 1000.0
+    (row,) = cache_or_online_rows(cfg, per_token, tok_s)
+    assert row["cache_tb"] == pytest.approx(30000 * 2048 * per_token / 1e12)
+    assert row["cache_tb"] == pytest.approx(2.52, abs=0.01)  # SpecForge #426's order: TBs for 30k samples
+    assert row["target_pass_device_hours"] == pytest.approx(30000 * 2048 / 1000 / 3600)
+    assert row["online_s_per_step_per_rank"] == pytest.approx(2 * 4 * 2048 / 1000)
+    out = run_cli(["plan", "model=qwen3_32b", "quant=mxfp4", "plan.samples=[30000]"], cwd=tmp_path)
+    assert "cache or online" in out.stdout and "30000" in out.stdout

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specft.cache.integrity import drop_damaged
 from specft.cache.manifest import atomic_write_json
@@ -20,6 +22,9 @@ from specft.cache.writer import (
 from specft.config import RootConfig, aux_layer_ids
 from specft.errors import SpecftError
 from specft.launch import barrier
+
+if TYPE_CHECKING:
+    from specft.target_model.sharding import PlacedTarget
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +45,58 @@ def locate_cache(cfg: RootConfig):
     return resolve_cache_dir(cfg, provenance), provenance, tokenizer
 
 
+@dataclass
+class ServedTarget:
+    """The target as it is served: placed on this rank (whole or sharded), quantized and
+    calibrated. Stage 1 caches its features; online training (trainer.features=online)
+    computes them inside stage 2."""
+    placed: PlacedTarget
+    report: object  # quant.apply's QuantReport
+    tokenizer: object
+
+    @property
+    def model(self):
+        return self.placed.model
+
+
+def serve_target(cfg: RootConfig, rank: int, world_size: int, convs, tokenizer) -> ServedTarget:
+    """Load, place, quantize and calibrate the target (``convs``: the calibration data)."""
+    from specft.data import DataSummary, tokenize_all
+    from specft.quant import apply_quant, calibrate
+    from specft.target_model.sharding import editing, place_target
+
+    placed = place_target(cfg, rank, world_size)
+    report = apply_quant(placed.model, cfg.quant, editing(placed))
+    if cfg.quant.needs_calibration:
+        calib = tokenize_all(convs, tokenizer, cfg.data, DataSummary())
+        calibrate(placed.model, report, _calibration_batches(calib, cfg.quant.calibration_samples))
+    log.info("quant %s: %s", cfg.quant.name, report.summary())
+    return ServedTarget(placed, report, tokenizer)
+
+
+def served_samples(cfg: RootConfig, target: ServedTarget, convs, regen_dir: Path, summary) -> list:
+    """The data's samples as the target serves them: its own answers first when
+    data.regenerate is on (resumable, kept in ``regen_dir``); None where a sample is
+    skipped or, with several data slices, another rank's."""
+    from specft.data import tokenize_all
+    from specft.data.regenerate import regenerate
+
+    p = target.placed
+    if cfg.data.regenerate.enabled:
+        convs = regenerate(target.model, target.tokenizer, convs, cfg.data, regen_dir, p.data_rank,
+                           p.data_world, summary, p.writer, p.lockstep)
+    return tokenize_all(convs, target.tokenizer, cfg.data, summary)
+
+
 def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bool = False) -> Path:
     """Build (or finish, or repair) the cache for ``cfg`` unless a complete, intact one
     exists; return its dir. ``verify``: check every file's checksum first (`specft
     cache`), not only a sample of them."""
-    from specft.data import DataSummary, load_conversations, tokenize_all
+    from specft.data import DataSummary, load_conversations
     from specft.data import report as data_report
-    from specft.data.regenerate import regenerate
-    from specft.quant import apply_quant, calibrate
     from specft.target_model import FeatureCapture
     from specft.target_model.loader import target_facts
-    from specft.target_model.sharding import editing, place_target
+    from specft.target_model.sharding import editing
 
     cache_dir, provenance, tokenizer = locate_cache(cfg)
     if rank == 0 and cache_dir.is_dir():
@@ -62,17 +108,9 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
     barrier(world_size)  # every rank has checked before rank 0 may write a manifest
     summary = DataSummary()
     convs = load_conversations(cfg.data, summary)
-    placed = place_target(cfg, rank, world_size)
-    model = placed.model
-    report = apply_quant(model, cfg.quant, editing(placed))
-    if cfg.quant.needs_calibration:
-        calib = tokenize_all(convs, tokenizer, cfg.data, DataSummary())
-        calibrate(model, report, _calibration_batches(calib, cfg.quant.calibration_samples))
-    log.info("quant %s: %s", cfg.quant.name, report.summary())
-    if cfg.data.regenerate.enabled:
-        convs = regenerate(model, tokenizer, convs, cfg.data, cache_dir, placed.data_rank, placed.data_world,
-                           summary, placed.writer, placed.lockstep)
-    samples = tokenize_all(convs, tokenizer, cfg.data, summary)
+    target = serve_target(cfg, rank, world_size, convs, tokenizer)
+    placed, model = target.placed, target.model
+    samples = served_samples(cfg, target, convs, cache_dir, summary)
     data_report(summary)
     capture = FeatureCapture(model, aux_layer_ids(cfg.model))
     CacheWriter(cfg, cache_dir, provenance, placed.data_rank, placed.data_world, placed.writer,
@@ -81,7 +119,7 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
     barrier(world_size)
     if rank == 0:
         save_side_files(cache_dir, head, placed.data_world)
-        atomic_write_json(cache_dir / "quant_report.json", report.to_dict())
+        atomic_write_json(cache_dir / "quant_report.json", target.report.to_dict())
         manifest = merge_manifest(cfg, cache_dir, provenance, placed.data_world,
                                   target_facts(cfg.model, model.config), dict(summary))
         if not manifest["num_samples"]:
@@ -91,4 +129,5 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
     return cache_dir
 
 
-__all__ = ["CacheReader", "CacheWriter", "SourcesReader", "ensure_cache", "locate_cache"]
+__all__ = ["CacheReader", "CacheWriter", "ServedTarget", "SourcesReader", "ensure_cache", "locate_cache",
+           "serve_target", "served_samples"]

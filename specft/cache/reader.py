@@ -101,15 +101,20 @@ class CacheReader:
 
 
 class SourcesReader:
-    """Several caches read as one, each named by its source (the held-out caches of a
-    mix, one per member): index i runs through the first cache, then the next."""
+    """Several readers read as one, each named by its source (the held-out caches of a
+    mix, one per member): index i runs through the first reader, then the next."""
 
-    def __init__(self, cache_dirs: dict[str, str | Path]):
-        if not cache_dirs:
+    def __init__(self, readers: dict[str, CacheReader]):
+        if not readers:
             raise SpecftError("cache: no caches to read")
-        self.readers = {source: CacheReader(d) for source, d in cache_dirs.items()}
+        self.readers = readers
         self.sources = [source for source, reader in self.readers.items() for _ in range(len(reader))]
         self._local = [i for reader in self.readers.values() for i in range(len(reader))]
+        self.collective = any(getattr(reader, "collective", False) for reader in readers.values())
+
+    @classmethod
+    def from_dirs(cls, cache_dirs: dict[str, str | Path]) -> SourcesReader:
+        return cls({source: CacheReader(d) for source, d in cache_dirs.items()})
 
     def __len__(self) -> int:
         return len(self.sources)

@@ -96,6 +96,31 @@ def _pad_batch(samples: list[Sample], pad_id: int):
     return ids, attn
 
 
+def capture_samples(capture, batch: list[Sample], indices: list[int], pad_id: int,
+                    cfg: RootConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(aux [T, 3H], final [T, H]) in float32 for each sample of ``batch`` (global sample
+    numbers ``indices``), from one padded forward of the target: what stage 1 stores and
+    what online training (train/online.py) computes, by the same code."""
+    ids, attn = _pad_batch(batch, pad_id)
+    aux, final = capture(ids, attn)
+    out = []
+    for row, (index, s) in enumerate(zip(indices, batch)):
+        n = len(s.input_ids)
+        out.append((aux[row, :n].float(), final[row, :n].float()))
+        require_finite(*out[-1], index, cfg)
+    return out
+
+
+def require_finite(aux: torch.Tensor, final: torch.Tensor, index: int, cfg: RootConfig) -> None:
+    """Features never hold NaN/Inf: stage 2 would train on them, or stop far from the
+    cause. Refused before a cache shard is written (finished shards stay) or a step runs."""
+    if torch.isfinite(aux).all() and torch.isfinite(final).all():
+        return
+    raise SpecftError(f"cache: the target's hidden states for sample {index} are not finite (NaN/Inf) under "
+                      f"quant={cfg.quant.name}, model.dtype={cfg.model.dtype}; nothing was stored for "
+                      "it. A wider dtype (model.dtype=float32) or another quant config avoids an overflow")
+
+
 class CacheWriter:
     """Writes one data slice's shards. ``rank``/``world_size`` name the slice (the data
     parallel rank: under tensor parallelism a group of ranks shares one); ``writes`` is
@@ -182,16 +207,12 @@ class CacheWriter:
         by_length = sorted(range(len(indices)), key=lambda j: len(samples[indices[j]].input_ids))
         for start in range(0, len(by_length), bs):
             slots = by_length[start: start + bs]
-            batch = [samples[indices[j]] for j in slots]
-            ids, attn = _pad_batch(batch, pad_id)
             self.lockstep.step(True)
-            aux, final = capture(ids, attn)
-            for row, (j, s) in enumerate(zip(slots, batch)):
-                n = len(s.input_ids)
-                aux_parts[j] = aux[row, :n].float()
-                final_parts[j] = final[row, :n].float()
-                self._require_finite(aux_parts[j], final_parts[j], indices[j])
-            bar.update(int(attn.sum()))
+            features = capture_samples(capture, [samples[indices[j]] for j in slots],
+                                       [indices[j] for j in slots], pad_id, self.cfg)
+            for j, (aux, final) in zip(slots, features):
+                aux_parts[j], final_parts[j] = aux, final
+            bar.update(sum(len(samples[indices[j]].input_ids) for j in slots))
         lengths = torch.tensor([len(samples[i].input_ids) for i in indices])
         return {
             "input_ids": torch.cat([samples[i].input_ids for i in indices]).to(torch.int32),
@@ -201,15 +222,6 @@ class CacheWriter:
             "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
             "sample_index": torch.tensor(indices, dtype=torch.long),
         }
-
-    def _require_finite(self, aux: torch.Tensor, final: torch.Tensor, index: int) -> None:
-        """A cache never stores NaN/Inf: stage 2 would train on them, or stop far from
-        the cause. Refused before the shard is written (finished shards stay)."""
-        if torch.isfinite(aux).all() and torch.isfinite(final).all():
-            return
-        raise SpecftError(f"cache: the target's hidden states for sample {index} are not finite (NaN/Inf) under "
-                          f"quant={self.cfg.quant.name}, model.dtype={self.cfg.model.dtype}; nothing was stored for "
-                          "it. A wider dtype (model.dtype=float32) or another quant config avoids an overflow")
 
     def _save_shard(self, tensors: dict[str, torch.Tensor], file: str, progress: dict) -> None:
         """Write one shard (temp name, then rename) and record it in the progress file.

@@ -44,6 +44,15 @@ def _load_store(path: Path) -> dict[int, Conversation]:
     return done
 
 
+def read_all_answers(cache_dir: Path, count: int, world_size: int) -> list[Conversation | None]:
+    """Every slice's answered conversations (once every rank has finished), None where
+    none was stored: what a rank needs when it may read any sample (online training)."""
+    done: dict[int, Conversation] = {}
+    for rank in range(world_size):
+        done.update(_load_store(store_path(cache_dir, rank)))
+    return [done.get(i) for i in range(count)]
+
+
 def _append(path: Path, records: list[dict]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         for rec in records:

@@ -178,13 +178,16 @@ def _replay_line(val: dict) -> str:
 
 
 class Trainer:
-    def __init__(self, cfg: RootConfig, cache_dir: Path, rank: int = 0, world_size: int = 1,
-                 mix_cache_dir: Path | None = None, val_cache_dirs: dict[str, Path] | None = None):
+    """Trains the draft on the features ``reader`` gives: a CacheReader (stage 1's cache)
+    or train/online.py's OnlineFeatures (the target computes them as steps read them).
+    ``val_reader``: the held-out sides (trainer.val_data=heldout), else a split of ``reader``."""
+
+    def __init__(self, cfg: RootConfig, reader, rank: int = 0, world_size: int = 1,
+                 mix_reader: CacheReader | None = None, val_reader: SourcesReader | None = None):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.reader = CacheReader(cache_dir)
-        self.mix_reader = CacheReader(mix_cache_dir) if mix_cache_dir is not None else None
+        self.reader, self.mix_reader = reader, mix_reader
         if self.mix_reader is not None and len(self.mix_reader) != len(self.reader):
             raise SpecftError(f"trainer.mix_quant: caches differ in samples ({len(self.reader)} vs "
                               f"{len(self.mix_reader)})")
@@ -194,8 +197,8 @@ class Trainer:
         torch.set_flush_denormal(True)
         torch.manual_seed(cfg.seed)
         self.val_reader, heldout = self.reader, None
-        if val_cache_dirs:  # trainer.val_data=heldout: every cached sample trains
-            self.val_reader = heldout = SourcesReader(val_cache_dirs)
+        if val_reader is not None:  # trainer.val_data=heldout: every training sample trains
+            self.val_reader = heldout = val_reader
             self.train_idx, self.val_idx = list(range(len(self.reader))), list(range(len(self.val_reader)))
         else:
             self.train_idx, self.val_idx = split_indices(len(self.reader), cfg.trainer.val_fraction, cfg.seed)
@@ -313,7 +316,8 @@ class Trainer:
         latest = latest_tag(self.ckpt_root)
         where = f"; the last good checkpoint is {self.ckpt_root / latest} (latest)" if latest else \
             "; no checkpoint was written yet"
-        bad_inputs = self._inputs_not_finite(samples) if loss_bad or grad_bad else []
+        checked = getattr(self.reader, "checked_on_read", False)
+        bad_inputs = self._inputs_not_finite(samples) if (loss_bad or grad_bad) and not checked else []
         inputs = ""
         if bad_inputs:
             named = ", ".join(f"sample {self.reader.indices[i]} in {self.reader.shard_of(i)}" for i in bad_inputs)
@@ -321,7 +325,7 @@ class Trainer:
                       "(check the cache: specft info --verify)")
         elif loss_bad or grad_bad:
             named = ", ".join(f"{self.reader.indices[i]} ({self.reader.shard_of(i)})" for i in samples)
-            inputs = f"; the batch held samples {named}, whose cached features are finite"
+            inputs = f"; the batch held samples {named}, whose features are finite"
         raise SpecftError(f"training stopped at step {step + 1}: {what} is not finite{where}{inputs}")
 
     def _inputs_not_finite(self, samples: list[int]) -> list[int]:
@@ -353,9 +357,11 @@ class Trainer:
         batches = [self.val_idx[i: i + micro] for i in range(0, len(self.val_idx), micro)]
         batches = batches[: self.cfg.trainer.val_batches * self.world_size]
         mine = batches[self.rank:: self.world_size] or batches[:1]
-        # A sharded head scores every rank's tokens together: each rank runs as many
-        # forwards as the busiest one (the surplus ones are not counted).
-        rounds = -(-len(batches) // self.world_size) if self.head.sharded else len(mine)
+        # A sharded head scores every rank's tokens together, and a sharded online target
+        # computes them together: each rank runs as many forwards as the busiest one (the
+        # surplus ones are not counted).
+        together = self.head.sharded or getattr(self.val_reader, "collective", False)
+        rounds = -(-len(batches) // self.world_size) if together else len(mine)
         self.engine.eval()
         results, tokens = [], 0
         replays: dict[int, list[RoundCounts]] = {k: [] for k in self.replay_k}  # per sample

@@ -1,0 +1,155 @@
+"""Online features (trainer.features=online): the served target runs inside stage 2 and
+computes each sample's features when a step reads it; no cache is written.
+
+At the brief's scale a hidden-state cache does not fit on disk (terabytes for tens of
+thousands of samples), so the target computes the features inside training. The served
+target is the one stage 1 would cache from (cache.serve_target: placed, quantized,
+calibrated) and the features come from the same code (cache.writer.capture_samples), so a
+step sees the same numbers online as from a float32 cache of the same samples. What is
+kept on disk: the target's regenerated answers (small, resumable), under the run dir.
+
+OnlineFeatures has the CacheReader interface the trainer reads (samples by index, the
+target head, the answers' token counts, the manifest's facts), so the trainer does not
+know which it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from specft.cache import ServedTarget, serve_target, served_samples
+from specft.cache.reader import SourcesReader
+from specft.cache.writer import capture_samples, target_head_tensors
+from specft.config import RootConfig, aux_layer_ids
+from specft.data import DataSummary, load_conversations
+from specft.data import report as data_report
+from specft.data.records import Conversation
+from specft.data.regenerate import read_all_answers
+from specft.errors import SpecftError
+from specft.launch import barrier
+from specft.target_model import FeatureCapture
+from specft.target_model.loader import target_facts
+from specft.target_model.sharding import editing
+
+log = logging.getLogger(__name__)
+
+
+class OnlineFeatures:
+    """Index i -> dict(input_ids, loss_mask, aux_hidden, final_hidden) for the i-th usable
+    sample, its features computed by the served target at batch 1 (no padding)."""
+
+    # Features are checked when computed (capture_samples refuses NaN/Inf), so a failed
+    # step never needs to look for bad inputs: under a sharded target that look would be
+    # a forward on one rank only.
+    checked_on_read = True
+
+    def __init__(self, cfg: RootConfig, target: ServedTarget, samples: list, head: dict[str, torch.Tensor],
+                 name: str, world_size: int = 1):
+        self.cfg, self.samples, self.head = cfg, samples, head
+        self.cache_dir = name  # what error lines name in place of a cache directory
+        self.indices = [i for i, s in enumerate(samples) if s is not None]
+        self.capture = FeatureCapture(target.model, aux_layer_ids(cfg.model))
+        self.pad_id = target.tokenizer.pad_token_id
+        # A sharded target's forward is a collective: every rank must read as many samples.
+        self.collective = target.placed.lockstep.enabled or target.placed.data_world < world_size
+        self.manifest = {"aux_layer_ids": aux_layer_ids(cfg.model), "hidden_size": cfg.model.hidden_size,
+                         "target": target_facts(cfg.model, target.model.config)}
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def shard_of(self, i: int) -> str:
+        return "online features"
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        index = self.indices[i]
+        sample = self.samples[index]
+        ((aux, final),) = capture_samples(self.capture, [sample], [index], self.pad_id, self.cfg)
+        return {"input_ids": sample.input_ids.long(), "loss_mask": sample.loss_mask.float(),
+                "aux_hidden": aux, "final_hidden": final}
+
+    def target_head(self) -> dict[str, torch.Tensor]:
+        return {"embed_tokens": self.target_embedding(), "lm_head": self.head["lm_head"]}
+
+    def target_embedding(self) -> torch.Tensor:
+        return self.head.get("embed_tokens", self.head["lm_head"])
+
+    def target_head_vocab(self) -> int:
+        return self.head["lm_head"].shape[0]
+
+    def target_head_rows(self, start: int, stop: int) -> torch.Tensor:
+        return self.head["lm_head"][start:stop]
+
+    def target_head_rows_at(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head["lm_head"][ids.long()]
+
+    def token_counts(self) -> torch.Tensor:
+        """Counts of loss-masked (answer) tokens over every sample, as a cache stores them."""
+        vocab = self.target_head_vocab()
+        counts = torch.zeros(vocab, dtype=torch.long)
+        for i in self.indices:
+            s = self.samples[i]
+            ids = s.input_ids.long()[s.loss_mask.bool()]
+            counts += torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
+        return counts
+
+
+def _answers_dir(cfg: RootConfig, name: str) -> Path:
+    """Where the target's regenerated answers for ``cfg``'s data are kept, named by what
+    a cache of them would be named by (model, quant, data...): answers to other data or
+    from another target are never resumed from."""
+    from specft.cache import locate_cache
+    from specft.cache.manifest import provenance_hash
+
+    _, provenance, _ = locate_cache(cfg)
+    return Path(cfg.run_dir) / "online" / f"{name}-{provenance_hash(provenance)}"
+
+
+def _every_slice(cfg: RootConfig, target: ServedTarget, convs: list[Conversation], regen_dir: Path,
+                 summary: DataSummary, world_size: int) -> list:
+    """All samples on every rank: a step may read any of them. Regeneration answers this
+    rank's slice; the others' answers are read from their stores once all are done."""
+    samples = served_samples(cfg, target, convs, regen_dir, summary)
+    if not cfg.data.regenerate.enabled or target.placed.data_world == 1:
+        return samples
+    from specft.data import tokenize_all
+
+    barrier(world_size)
+    answered = read_all_answers(regen_dir, len(convs), target.placed.data_world)
+    return tokenize_all(answered, target.tokenizer, cfg.data, DataSummary())
+
+
+def online_readers(cfg: RootConfig, rank: int, world_size: int,
+                   heldout: dict[str, RootConfig] | None = None) -> tuple[OnlineFeatures, SourcesReader | None]:
+    """The training features and (trainer.val_data=heldout) the held-out sides', all
+    computed by one served target loaded here."""
+    from specft.cache import locate_cache
+
+    _, _, tokenizer = locate_cache(cfg)
+    summary = DataSummary()
+    convs = load_conversations(cfg.data, summary)
+    target = serve_target(cfg, rank, world_size, convs, tokenizer)
+    head = target_head_tensors(target.model, editing(target.placed))  # a collective when sharded
+    samples = _every_slice(cfg, target, convs, _answers_dir(cfg, "train"), summary, world_size)
+    data_report(summary)
+    train = OnlineFeatures(cfg, target, samples, head, "online features (training data)", world_size)
+    if not len(train):
+        raise SpecftError(f"trainer.features=online: no usable samples; {summary.line()}")
+    log.info("online features: %d samples, %d tokens; the target computes them as training reads them",
+             len(train), sum(len(samples[i].input_ids) for i in train.indices))
+    if not heldout:
+        return train, None
+    sides = {}
+    for source, side in heldout.items():
+        log.info("validation (%s): up to %d held-out conversations, answers by the target",
+                 source, cfg.trainer.val_samples)
+        side_summary = DataSummary()
+        side_convs = load_conversations(side.data, side_summary)
+        side_samples = _every_slice(side, target, side_convs, _answers_dir(side, f"heldout-{source}"),
+                                    side_summary, world_size)
+        sides[source] = OnlineFeatures(side, target, side_samples, head, f"online features (held-out {source})",
+                                       world_size)
+    return train, SourcesReader(sides)
