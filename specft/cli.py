@@ -11,6 +11,7 @@ import itertools
 import logging
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -244,7 +245,7 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from specft.launch import launch_ranks, run_subprocess_rank
+    from specft.launch import NodeLaunch, launch_ranks, run_subprocess_rank
     from specft.lock import dir_lock
     from specft.preflight import check_before_writing
     from specft.rundir import write_atomic
@@ -265,13 +266,24 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
         out = run_eval(root)
         write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg))
         return
+    t = root.trainer
+    node = NodeLaunch(t.node_rank, t.master_addr, t.master_port) if t.node_rank is not None else None
+    if node is not None and node.node_rank > 0:
+        # Another node's share of a run node 0 leads: node 0 holds the locks and writes
+        # the run config; this node starts its ranks from a node-local copy of the config.
+        log.info("%s: node %d of %d, ranks join node 0 at %s:%d; run dir %s", command, node.node_rank,
+                 t.num_nodes, node.master_addr, node.master_port, run_dir)
+        config_path = Path(tempfile.mkdtemp(prefix="specft-node-")) / "config.yaml"
+        write_atomic(config_path, OmegaConf.to_yaml(cfg))
+        launch_ranks(config_path, command, t.nproc, t.hostfile, t.num_nodes, node)
+        return
     with ExitStack() as locks:
         locks.enter_context(dir_lock(run_dir, "run_dir", f"specft {command}"))
         _cache_locks(root, command, locks)
         config_path = _write_run_config(run_dir, cfg)
         log.info("%s: run dir %s", command, run_dir)
-        if root.trainer.nproc > 1 or root.trainer.hostfile:
-            launch_ranks(config_path, command, root.trainer.nproc, root.trainer.hostfile, root.trainer.num_nodes)
+        if t.nproc > 1 or t.hostfile or node is not None:
+            launch_ranks(config_path, command, t.nproc, t.hostfile, t.num_nodes, node)
         elif HydraConfig.get().mode == RunMode.MULTIRUN:
             run_subprocess_rank(config_path, command)
         else:

@@ -159,6 +159,12 @@ class TrainerConfig:
     # num_nodes hosts (null: every host in the file). See docs/scale.md.
     hostfile: str | None = None
     num_nodes: int | None = None
+    # Multi-node without ssh: the same command on every node, each with its node_rank
+    # (0..num_nodes-1) and node 0's address; each starts its own nproc ranks (DeepSpeed's
+    # --no_ssh). Node 0 holds the locks and writes the run config. See docs/scale.md.
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int = 29500
     save_every: int = 100
     keep_last: int = 2
     log_every: int = 1

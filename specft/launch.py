@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from specft.errors import ReportedError, SpecftError
@@ -55,11 +57,24 @@ def run_subprocess_rank(config_path: Path, command: str) -> None:
         raise SpecftError(f"job exited with code {proc.returncode}: {' '.join(cmd)}")
 
 
+@dataclass
+class NodeLaunch:
+    """This node's part of a launch without ssh: every node runs the launcher itself."""
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+
 def launcher_command(config_path: Path, command: str, nproc: int, hostfile: str | None = None,
-                     num_nodes: int | None = None) -> list[str]:
+                     num_nodes: int | None = None, node: NodeLaunch | None = None) -> list[str]:
     # The launcher module of this interpreter's DeepSpeed, not whatever `deepspeed` is on
     # PATH: ranks then run in the same environment (a venv needs no activation).
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--no_local_rank", "--num_gpus", str(nproc), "--master_port", str(free_port())]
+    port = node.master_port if node else free_port()
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--no_local_rank", "--num_gpus", str(nproc),
+           "--master_port", str(port)]
+    if node:
+        hostfile = hostfile or node_hostfile(nproc, num_nodes)
+        cmd += ["--no_ssh", "--node_rank", str(node.node_rank), "--master_addr", node.master_addr]
     if hostfile:
         cmd += ["--hostfile", hostfile]
     if num_nodes:
@@ -67,9 +82,18 @@ def launcher_command(config_path: Path, command: str, nproc: int, hostfile: str 
     return cmd + ["--module", "specft.worker", "--config", str(config_path), "--command", command]
 
 
+def node_hostfile(nproc: int, num_nodes: int) -> str:
+    """A hostfile of ``num_nodes`` nodes of ``nproc`` slots, in a node-local temp dir.
+    Without ssh DeepSpeed reads only its counts (a node's rank comes from --node_rank),
+    so the names are placeholders."""
+    path = Path(tempfile.mkdtemp(prefix="specft-nodes-")) / "hostfile"
+    path.write_text("".join(f"node-{i} slots={nproc}\n" for i in range(num_nodes)))
+    return str(path)
+
+
 def launch_ranks(config_path: Path, command: str, nproc: int, hostfile: str | None = None,
-                 num_nodes: int | None = None) -> None:
-    cmd = launcher_command(config_path, command, nproc, hostfile, num_nodes)
+                 num_nodes: int | None = None, node: NodeLaunch | None = None) -> None:
+    cmd = launcher_command(config_path, command, nproc, hostfile, num_nodes, node)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, env=env)
     if proc.returncode == 2:  # a rank refused with its one line (worker.py), printed already

@@ -215,6 +215,8 @@ def validate_trainer(cfg: RootConfig) -> None:
         raise ConfigError(f"trainer.hostfile: no such file: {t.hostfile}")
     if t.num_nodes is not None:
         _positive(t.num_nodes, "trainer.num_nodes")
+    if t.node_rank is not None:
+        _check_node(t)
     if not 0.0 <= t.val_fraction < 1.0:
         raise ConfigError(f"trainer.val_fraction: must be in [0, 1), got {t.val_fraction}")
     _choice(t.val_data, VAL_DATA, "trainer.val_data")
@@ -230,6 +232,19 @@ def validate_trainer(cfg: RootConfig) -> None:
     _choice(t.features, FEATURE_SOURCES, "trainer.features")
     if t.features == "online":
         _check_online(cfg)
+
+
+def _check_node(t) -> None:
+    """One launcher per node (no ssh): every node must know the others' count and node 0."""
+    if t.num_nodes is None:
+        raise ConfigError("trainer.node_rank: needs trainer.num_nodes (how many nodes run this command)")
+    if not 0 <= t.node_rank < t.num_nodes:
+        raise ConfigError(f"trainer.node_rank: must be in 0..{t.num_nodes - 1} (trainer.num_nodes={t.num_nodes}), "
+                          f"got {t.node_rank}")
+    if not t.master_addr:
+        raise ConfigError("trainer.master_addr: trainer.node_rank needs node 0's address (the same on every node)")
+    if not 0 < t.master_port < 65536:
+        raise ConfigError(f"trainer.master_port: must be a port number, got {t.master_port}")
 
 
 def _check_online(cfg: RootConfig) -> None:
