@@ -195,6 +195,10 @@ class TrainerConfig:
     # reads them) or online (the served target runs inside training and computes them
     # as steps read them; nothing is cached). See train/online.py.
     features: str = "cache"
+    # Online only: the target answers the prompts again for every epoch (sampled, with
+    # data.regenerate's temperature and a seed per epoch), so each epoch trains on new
+    # answers. Epoch 0's are the usual ones.
+    regenerate_every_epoch: bool = False
 
 
 FEATURE_SOURCES = ("cache", "online")

@@ -232,6 +232,9 @@ def validate_trainer(cfg: RootConfig) -> None:
     _choice(t.features, FEATURE_SOURCES, "trainer.features")
     if t.features == "online":
         _check_online(cfg)
+    elif t.regenerate_every_epoch:
+        raise ConfigError("trainer.regenerate_every_epoch: new answers each epoch need the target in training: "
+                          "trainer.features=online")
 
 
 def _check_node(t) -> None:
@@ -258,6 +261,9 @@ def _check_online(cfg: RootConfig) -> None:
     if cfg.trainer.mix_quant is not None:
         raise ConfigError("trainer.mix_quant: mixes a second target's cache, which trainer.features=online "
                           "does not build; use trainer.features=cache")
+    if cfg.trainer.regenerate_every_epoch and not (cfg.data.regenerate.enabled and cfg.data.regenerate.temperature > 0):
+        raise ConfigError("trainer.regenerate_every_epoch: needs data.regenerate.enabled=true and "
+                          "data.regenerate.temperature > 0 (greedy answers are the same every epoch)")
     if cfg.cache.sharding == "tp":
         raise ConfigError("cache.sharding: trainer.features=online places the target whole (none) or "
                           "partitioned (zero3); tp is for stage 1's cache only for now")

@@ -78,6 +78,23 @@ def test_killed_online_training_resumes_exactly(tmp_path):
     assert _losses(killed_dir / "run", "val") == _losses(ref_dir / "run", "val")
 
 
+def test_new_answers_every_epoch(tmp_path):
+    # 8 samples, 2 per step: steps 1-4 are epoch 0, steps 5-8 epoch 1.
+    args = [*COMMON, "trainer.features=online", "data.num_samples=8", "trainer.max_steps=8",
+            "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=8", "data.regenerate.temperature=1.0",
+            "trainer.val_fraction=0"]
+    run_cli([*args, f"run_dir={tmp_path / 'once'}"], cwd=tmp_path)
+    out = run_cli([*args, "trainer.regenerate_every_epoch=true", f"run_dir={tmp_path / 'each'}"], cwd=tmp_path)
+    assert "epoch 1, the target answers the 8 prompts again" in out.stderr
+    assert "epoch 2" not in out.stderr
+    stores = sorted((tmp_path / "each" / "online").glob("train-*/regenerated-r000.jsonl"))
+    answers = [[json.loads(line)["messages"] for line in p.read_text().splitlines()] for p in stores]
+    assert len(answers) == 2 and all(len(a) == 8 for a in answers) and answers[0] != answers[1]
+    once, each = _losses(tmp_path / "once"), _losses(tmp_path / "each")
+    assert each[:4] == once[:4]  # epoch 0: the usual answers
+    assert each[4:] != once[4:]  # epoch 1: new ones
+
+
 @pytest.mark.parametrize("override, field", [
     ("cache.dir=/tmp/somewhere", "cache.dir"),
     ("cache.dtype=fp8", "cache.dtype"),
@@ -89,4 +106,15 @@ def test_online_refuses_cache_only_options(tmp_path, override, field):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: {field}") and "trainer.features=online" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_new_answers_every_epoch_need_online_and_sampling(tmp_path):
+    for extra, says in ((["trainer.features=cache"], "need the target in training: trainer.features=online"),
+                        (["trainer.features=online", "data.regenerate.enabled=true"], "temperature > 0")):
+        proc = run_cli(["train", "model=tiny_qwen3", "trainer.regenerate_every_epoch=true", *extra], cwd=tmp_path,
+                       check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr
+        assert lines[0].startswith("error: trainer.regenerate_every_epoch")
     assert list(tmp_path.iterdir()) == []

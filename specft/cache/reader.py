@@ -37,6 +37,10 @@ class CacheReader:
         self.indices = sorted(self._where)
         self._open = lru_cache(maxsize=8)(self._open_shard)
 
+    def for_epoch(self, epoch: int) -> CacheReader:
+        """The samples a step of ``epoch`` reads: a cache holds one set for every epoch."""
+        return self
+
     def shard_of(self, i: int) -> str:
         """The shard file that holds sample ``i`` (an index into this reader)."""
         return self._where[self.indices[i]][0]

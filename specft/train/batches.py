@@ -26,6 +26,11 @@ class StepSampler:
     def _sample_at(self, stream_pos: int) -> int:
         return int(self._perm(stream_pos // self.n)[stream_pos % self.n])
 
+    def epoch_of_step(self, step: int) -> int:
+        """The epoch step ``step`` starts in, the same on every rank: where answers change
+        each epoch, a step reads the answers of this epoch for all its samples."""
+        return step * self.global_batch // self.n
+
     def micro_batches(self, step: int) -> list[list[int]]:
         """This rank's micro-batches (sample indices) for optimizer step ``step``."""
         base = step * self.global_batch

@@ -15,6 +15,8 @@ know which it has.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -47,8 +49,12 @@ class OnlineFeatures:
     checked_on_read = True
 
     def __init__(self, cfg: RootConfig, target: ServedTarget, samples: list, head: dict[str, torch.Tensor],
-                 name: str, world_size: int = 1):
+                 name: str, world_size: int = 1, resample=None):
         self.cfg, self.samples, self.head = cfg, samples, head
+        # epoch -> that epoch's samples (trainer.regenerate_every_epoch); None: the same
+        # samples every epoch. Only the current epoch's are kept besides epoch 0's.
+        self._resample = resample
+        self._epoch_views: dict[int, OnlineFeatures] = {}
         self.cache_dir = name  # what error lines name in place of a cache directory
         self.indices = [i for i, s in enumerate(samples) if s is not None]
         self.capture = FeatureCapture(target.model, aux_layer_ids(cfg.model))
@@ -63,6 +69,19 @@ class OnlineFeatures:
 
     def shard_of(self, i: int) -> str:
         return "online features"
+
+    def for_epoch(self, epoch: int) -> OnlineFeatures:
+        """The samples a step of ``epoch`` reads: the target's new answers for that epoch
+        (computed on first use, at the same step on every rank), each sample whose new
+        answer is unusable (over-length, empty) keeping epoch 0's."""
+        if self._resample is None or epoch == 0:
+            return self
+        if epoch not in self._epoch_views:
+            fresh = self._resample(epoch)
+            view = copy.copy(self)
+            view.samples = [new if new is not None else old for new, old in zip(fresh, self.samples)]
+            self._epoch_views = {epoch: view}
+        return self._epoch_views[epoch]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         index = self.indices[i]
@@ -95,6 +114,13 @@ class OnlineFeatures:
             ids = s.input_ids.long()[s.loss_mask.bool()]
             counts += torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
         return counts
+
+
+def with_regenerate_seed(cfg: RootConfig, epoch: int) -> RootConfig:
+    """``cfg`` whose regeneration samples epoch ``epoch``'s answers (its own seed)."""
+    rc = cfg.data.regenerate
+    data = dataclasses.replace(cfg.data, regenerate=dataclasses.replace(rc, seed=rc.seed + 1_000_003 * epoch))
+    return dataclasses.replace(cfg, data=data)
 
 
 def _answers_dir(cfg: RootConfig, name: str) -> Path:
@@ -135,7 +161,14 @@ def online_readers(cfg: RootConfig, rank: int, world_size: int,
     head = target_head_tensors(target.model, editing(target.placed))  # a collective when sharded
     samples = _every_slice(cfg, target, convs, _answers_dir(cfg, "train"), summary, world_size)
     data_report(summary)
-    train = OnlineFeatures(cfg, target, samples, head, "online features (training data)", world_size)
+    resample = None
+    if cfg.trainer.regenerate_every_epoch:
+        def resample(epoch: int) -> list:
+            epoch_cfg = with_regenerate_seed(cfg, epoch)
+            log.info("online features: epoch %d, the target answers the %d prompts again", epoch, len(convs))
+            return _every_slice(epoch_cfg, target, convs, _answers_dir(epoch_cfg, "train"), DataSummary(),
+                                world_size)
+    train = OnlineFeatures(cfg, target, samples, head, "online features (training data)", world_size, resample)
     if not len(train):
         raise SpecftError(f"trainer.features=online: no usable samples; {summary.line()}")
     log.info("online features: %d samples, %d tokens; the target computes them as training reads them",

@@ -257,7 +257,7 @@ class Trainer:
             g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 65_537 + index)
             if torch.rand((), generator=g).item() < t.mix_fraction:
                 return self.mix_reader[index]
-        return self.reader[index]
+        return self.reader.for_epoch(self.sampler.epoch_of_step(step))[index]
 
     def _forward(self, indices: list[int], step: int | None = None) -> tuple[StepResult, int]:
         """``step`` is set while training (mixing and noise apply), None in validation."""
