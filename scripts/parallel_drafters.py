@@ -19,6 +19,7 @@ quant_alignment.py's `base-bf16`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from quant_alignment import Experiment, parser
@@ -29,6 +30,48 @@ DRAFTS = ("eagle3", "peagle", "dflash")
 LABELS = {("eagle3", "bf16"): "baseline_16bit", ("eagle3", "target"): "specft"}
 
 
+def _ci(values) -> str:
+    return f" [{values[0]:.3f}, {values[1]:.3f}]" if values else ""
+
+
+def _pct(value) -> str:
+    return "" if value is None else f"{100 * value:+.1f}%"
+
+
+def drafter_table(rows: list[dict]) -> str:
+    """Issue 31's table: per held-out set and k, each draft's acceptance rate and length
+    with 95% CIs over prompts, acceptance at each position, ms per token at batch 16 and
+    at batch 1 (GSM8K) against the target alone, and memory against the target alone."""
+    alone = {(r["data"], r["batch_size"]): r for r in rows if not r["k"]}
+    b1 = {(r["draft"], r["k"]): r for r in rows if r["batch_size"] == 1 and r["k"]}
+    lines = []
+    for data in sorted({r["data"] for r in rows}):
+        batch = max(r["batch_size"] for r in rows if r["data"] == data)
+        cells = [r for r in rows if r["data"] == data and r["batch_size"] == batch and r["k"]]
+        base = alone.get((data, batch))
+        lines += [f"**held-out {data}, batch {batch}** (target alone: "
+                  f"{base['latency_ms_per_token']:.1f} ms/token)" if base else f"**held-out {data}, batch {batch}**",
+                  "", "| draft | k | acceptance rate [95% CI] | acceptance length [95% CI] | at position 1..k "
+                  f"| b{batch} ms/token (time cut vs alone) | b1 ms/token on GSM8K (time cut vs alone) | memory vs alone |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(cells, key=lambda r: (r["k"], DRAFT_ORDER.get(r["draft"], 99), r["draft"])):
+            one = b1.get((r["draft"], r["k"]))
+            b1_cell = f"{one['latency_ms_per_token']:.1f} ({_pct(one.get('latency_change_vs_target_alone'))})" \
+                if one else ""
+            lines.append(f"| {r['draft']} | {r['k']} | {r['acceptance_rate']:.3f}{_ci(r.get('acceptance_rate_ci'))} | "
+                         f"{r['acceptance_length']:.2f}{_ci(r.get('acceptance_length_ci'))} | "
+                         + " / ".join(f"{a:.2f}" for a in r.get("acceptance_at", [])) + " | "
+                         f"{r['latency_ms_per_token']:.1f} ({_pct(r.get('latency_change_vs_target_alone'))}) | "
+                         f"{b1_cell} | {_pct(r.get('memory_vs_target_alone'))} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# Table order: the usual recipe first, then specft's chain, then the parallel drafters.
+DRAFT_ORDER = {"baseline_16bit": 0, "specft": 1, "peagle_16bit": 2, "specft_peagle": 3, "dflash_16bit": 4,
+               "specft_dflash": 5}
+
+
 class ParallelDrafters(Experiment):
     def run_dir(self, draft: str, quant: str) -> Path:
         return self.out / f"{draft}-{quant}"
@@ -36,6 +79,12 @@ class ParallelDrafters(Experiment):
     def label(self, draft: str, quant: str) -> str:
         trained_on = "bf16" if quant == "bf16" else "target"
         return LABELS.get((draft, trained_on), f"{draft}_16bit" if quant == "bf16" else f"specft_{draft}")
+
+    def summarize(self) -> None:
+        super().summarize()
+        summary = json.loads((self.out / "summary.json").read_text())
+        table = drafter_table(summary["rows"])
+        (self.out / "drafters.md").write_text(table + "\n")
 
     def run_part(self, part: str) -> None:
         a = self.args
@@ -64,6 +113,7 @@ def main() -> None:
             exp.run_part(part)
     exp.summarize()
     print((exp.out / "summary.md").read_text())
+    print((exp.out / "drafters.md").read_text())
 
 
 if __name__ == "__main__":

