@@ -140,6 +140,10 @@ class LossConfig:
     # Weighted mixture {loss: weight}; empty (or null): {name: 1.0}. Names: kl, lk, tv,
     # ce, hidden. Empty by default: Hydra cannot merge a dict override into a null field.
     terms: dict[str, float] | None = field(default_factory=dict)
+    # On-policy: step j's loss counts only where the draft's proposals at steps 0..j-1
+    # from the same position were verified by the target (its argmax): the positions a
+    # round of decoding reaches. Off: every position at every step (plain TTT).
+    on_policy: bool = False
 
 
 @dataclass

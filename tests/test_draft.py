@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from specft.drafts import DraftHeadConfig, Eagle3Draft, MtpDraft, build_draft_vocab
@@ -144,6 +145,29 @@ def test_ttt_objective_shifts_and_masks_per_step():
     assert res.step_tokens == [2, 1] and res.step_acc == [1.0, 0.0]
     assert res.step_losses[0] < 1e-6 and math.isclose(res.step_losses[1], 60.0, rel_tol=1e-4)
     assert math.isclose(res.loss.item(), res.step_losses[0] + 0.8 * res.step_losses[1], rel_tol=1e-6)
+
+
+def test_on_policy_counts_a_step_only_where_the_earlier_proposals_were_verified():
+    # 6 positions, all predicting assistant tokens; the target's argmax at p is p (all in
+    # the draft vocab, draft id = target id). Step 0 proposes right from p = 0, 1, 3 and
+    # wrong from p = 2; step 1's proposals are all wrong (uniform logits: loss ln 6 each).
+    v = 6
+    view = TargetView(probs=torch.eye(v)[None], argmax=torch.arange(v)[None],
+                      predicts_assistant=torch.ones(1, v), in_draft_vocab=torch.ones(1, v))
+    step0 = torch.full((1, v, v), -30.0)
+    for p, proposal in ((0, 1), (1, 2), (2, 0), (3, 4), (4, 5)):
+        step0[0, p, proposal] = 30.0
+    step1 = torch.zeros((1, v, v))  # uniform
+    ids = torch.arange(v)
+    plain = ttt_objective([step0, step1], view, ids, kl_loss, 1.0)
+    on = ttt_objective([step0, step1], view, ids, kl_loss, 1.0, on_policy=True)
+    # Step 0: every position counts either way (positions 0..4 score targets 1..5).
+    assert on.step_losses[0] == plain.step_losses[0] == pytest.approx(60.0 / 5, rel=1e-4)
+    # Step 1 scores positions 0..3: all four plainly; on-policy only 0, 1, 3 (step 0 was
+    # verified there), still averaged over the four.
+    assert plain.step_losses[1] == pytest.approx(math.log(6), rel=1e-5)
+    assert on.step_losses[1] == pytest.approx(3 * math.log(6) / 4, rel=1e-5)
+    assert on.step_acc == plain.step_acc  # what is measured does not change
 
 
 def test_mtp_step_is_a_causal_block_over_the_shifted_sequence_by_hand():

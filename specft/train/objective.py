@@ -61,16 +61,24 @@ def acceptance_length(step_acc: list[float]) -> float:
 
 def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_target: torch.Tensor,
                   loss_fn, step_weights: float | list[float],
-                  draft_hidden: list[torch.Tensor] | None = None, keep_hits: bool = True) -> StepResult:
+                  draft_hidden: list[torch.Tensor] | None = None, keep_hits: bool = True,
+                  on_policy: bool = False) -> StepResult:
     """Step j's outputs at position p are scored against the target at p+j+1. Positions
     whose target argmax is outside the draft vocabulary carry no loss (as EAGLE-3), but
     count as misses in acc_j. ``step_weights``: one weight per step, or a decay d giving
     step j the weight d ** j. ``keep_hits``: keep each step's hit mask (replayed validation
-    needs them; training steps do not)."""
+    needs them; training steps do not).
+
+    ``on_policy`` (loss.on_policy): step j's loss at position p counts only when the
+    draft's proposals of steps 0..j-1 from p each equal the target's argmax, i.e. where a
+    round of greedy decoding that starts at p reaches step j; elsewhere the round has
+    ended and what the draft would say there is never used. The step's loss stays a mean
+    over all its positions (unreached ones add 0), so a step reached rarely weighs little."""
     if not isinstance(step_weights, (list, tuple)):
         step_weights = [step_weights**j for j in range(len(draft_logits))]
     t = view.argmax.shape[1]
     res = StepResult(draft_logits[0].new_zeros(()), predicts=view.predicts_assistant)
+    reached = None  # [B, n] on_policy: steps 0..j-1 all verified from position p
     for j, logits in enumerate(draft_logits):
         n = t - j - 1
         if n <= 0:  # too short for this step: record nothing learned, keep lists aligned
@@ -87,11 +95,14 @@ def ttt_objective(draft_logits: list[torch.Tensor], view: TargetView, draft_to_t
         inputs = LossInputs(logits, view.probs[:, j + 1:],
                             draft_hidden[j][:, :n].float() if draft_hidden is not None else None,
                             view.hidden[:, j + 1:] if view.hidden is not None else None)
-        step_loss = (loss_fn(inputs) * weight).sum() / weight.sum().clamp(min=1.0)
+        counted = weight if reached is None else weight * reached[:, :n]
+        step_loss = (loss_fn(inputs) * counted).sum() / weight.sum().clamp(min=1.0)
         res.loss = res.loss + step_weights[j] * step_loss
         with torch.no_grad():
             denom = valid.sum().clamp(min=1.0)
             hit = (draft_to_target[logits.argmax(-1)] == view.argmax[:, j + 1:]).float()
+            if on_policy:
+                reached = hit if reached is None else reached[:, :n] * hit
             if keep_hits:
                 res.step_hits.append((hit * valid).bool())
             res.step_losses.append(step_loss.item())

@@ -278,7 +278,7 @@ class Trainer:
         out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
                           batch.get("final_hidden_input", batch["final_hidden"]), steps)
         res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn, self._step_weights(steps),
-                            out.hidden, keep_hits=validating)
+                            out.hidden, keep_hits=validating, on_policy=self.cfg.loss.on_policy)
         return res, int(batch["loss_mask"].sum())
 
     def _step_weights(self, steps: int) -> list[float]:
