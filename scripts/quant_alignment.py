@@ -41,6 +41,14 @@ target of the same format it is the reference:
 
     python scripts/quant_alignment.py --out-dir runs/rotated --qat-quants '' \
         --parts base,w8a8_int8_quarot-fold,w8a8_int8_quarot-ours,w8a8_int8_quarot-eval,w8a8_int8-baseeval
+
+On-policy training (docs/training.md, loss.on_policy): `<quant>-onpolicy` trains
+specft's draft as `<quant>-ours` does (same cache, data, steps: the same CPU time) with
+loss.on_policy=true, and `<quant>-eval` evaluates it beside the others for the quants in
+--onpolicy-quants:
+
+    python scripts/quant_alignment.py --out-dir runs/on_policy --qat-quants '' --onpolicy-quants mxfp4 \
+        --parts base,mxfp4-ours,mxfp4-onpolicy,mxfp4-eval
 """
 
 from __future__ import annotations
@@ -139,6 +147,8 @@ class Experiment:
             drafts.insert(1, ("specft_emulated", self.out / f"ours-{emulated}"))
         if quant in self.args.qat_quants.split(","):
             drafts.append(("specft_qat", self.out / f"ours-{quant}-qat"))
+        if quant in self.args.onpolicy_quants.split(","):
+            drafts.append(("specft_onpolicy", self.out / f"ours-{quant}-onpolicy"))
         return drafts
 
     def evaluate(self, quant: str, drafts: list[tuple[str, Path]], alone: bool) -> None:
@@ -168,7 +178,8 @@ class Experiment:
             self.summarize()
 
     def run_part(self, part: str) -> None:
-        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-eval | <quant>-fold | <quant>-baseeval"""
+        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-onpolicy | <quant>-eval | <quant>-fold |
+        <quant>-baseeval"""
         if part == "base":
             self.train("train baseline (bf16 target)", "bf16", self.base)
         elif part == "base-eval":
@@ -185,11 +196,14 @@ class Experiment:
             elif step == "qat":
                 self.train(f"train specft + draft QAT ({quant})", quant, self.out / f"ours-{quant}-qat",
                            f"draft.quant={quant}")
+            elif step == "onpolicy":
+                self.train(f"train specft on-policy ({quant})", quant, self.out / f"ours-{quant}-onpolicy",
+                           "loss.on_policy=true")
             elif step == "eval":
                 self.evaluate(quant, self.draft_dirs(quant), alone=self.args.eval_alone)
             else:
-                raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, <quant>-eval, "
-                                 "<quant>-fold, <quant>-baseeval")
+                raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, "
+                                 "<quant>-onpolicy, <quant>-eval, <quant>-fold, <quant>-baseeval")
 
     def summarize(self) -> None:
         rows, walls, comparisons = [], {}, []
@@ -311,6 +325,7 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--parts", default="base,base-eval,mxfp4-ours,mxfp4-qat,mxfp4-eval,fp8-ours,fp8-qat,fp8-eval",
                    help="steps to run, in order; two processes can split them (an eval waits for its drafts)")
     p.add_argument("--qat-quants", default="mxfp4,fp8", help="quants whose eval includes the draft-QAT variant")
+    p.add_argument("--onpolicy-quants", default="", help="quants whose eval includes the on-policy draft")
     p.add_argument("--gsm8k-samples", type=int, default=520)
     p.add_argument("--sharegpt-samples", type=int, default=160)
     p.add_argument("--sharegpt-max-turns", type=int, default=4,
