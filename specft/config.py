@@ -205,6 +205,7 @@ class TrainerConfig:
     regenerate_every_epoch: bool = False
 
 
+# pipeline.FEATURES' names, for validate.py, which must not import the stages.
 FEATURE_SOURCES = ("cache", "online")
 
 

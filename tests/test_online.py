@@ -118,3 +118,10 @@ def test_new_answers_every_epoch_need_online_and_sampling(tmp_path):
         assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr
         assert lines[0].startswith("error: trainer.regenerate_every_epoch")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_config_lists_every_feature_source():
+    from specft.config import FEATURE_SOURCES
+    from specft.pipeline import FEATURES
+
+    assert sorted(FEATURE_SOURCES) == FEATURES.names  # validate.py checks the names without the stages
