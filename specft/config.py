@@ -16,7 +16,10 @@ MODEL_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # model.dtype also takes "auto"
 EVAL_DTYPES = ("float32", "float64", "bfloat16")  # eval.dtype also takes "auto"
 CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
-PRECISIONS = ("fp32", "bf16")
+# fp32; bf16: DeepSpeed's bf16 mode (bf16 weights, fp32 master copies in the optimizer);
+# amp_bf16: float32 weights, the draft's forward under bf16 autocast (fast only where the
+# device computes bf16 natively: device.native_bf16).
+PRECISIONS = ("fp32", "bf16", "amp_bf16")
 VAL_DATA = ("split", "heldout")
 VOCAB_FILLS = ("seen", "prior")
 DRAFT_INITS = ("random", "target_layer")

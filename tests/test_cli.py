@@ -124,6 +124,18 @@ def test_killed_training_resumes_exactly(tmp_path):
     assert _metrics(killed_dir / RUN, "val") == _metrics(ref_dir / RUN, "val")
 
 
+def test_amp_bf16_trains_in_bf16_autocast_with_float32_weights(tmp_path):
+    common = ["train", "model=tiny_qwen3", "data.num_samples=32", "trainer.max_steps=20", "trainer.save_every=20"]
+    run_cli([*common, "run_dir=fp32"], cwd=tmp_path)
+    run_cli([*common, "trainer.precision=amp_bf16", "run_dir=amp"], cwd=tmp_path)
+    fp32, amp = _metrics(tmp_path / "fp32"), _metrics(tmp_path / "amp")
+    assert [r["loss"] for r in amp] != [r["loss"] for r in fp32]  # the forward did run in bf16
+    assert sum(r["loss"] for r in amp[-5:]) < sum(r["loss"] for r in amp[:5]) - 1.0  # and it trains
+    assert abs(amp[-1]["loss"] - fp32[-1]["loss"]) < 0.05 * fp32[-1]["loss"]
+    with safe_open(str(tmp_path / "amp/checkpoints/final/draft.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys() if f.get_tensor(k).is_floating_point()} == {torch.float32}
+
+
 def test_moe_target(tmp_path):
     run_cli(["train", "model=tiny_qwen3_moe", "quant=mxfp4", "trainer.max_steps=10"], cwd=tmp_path)
     run_dir = tmp_path / "runs/tiny_qwen3_moe-mxfp4-eagle3-kl"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 from specft.cache import CacheReader, SourcesReader
 from specft.config import RootConfig
 from specft.decoding.engine import RoundCounts
+from specft.device import select_device
 from specft.drafts import DRAFT_ARCHS, DraftHeadConfig, build_draft_vocab
 from specft.drafts.qat import apply_draft_qat
 from specft.drafts.vocab import coverage
@@ -275,11 +277,19 @@ class Trainer:
         view = target_view(batch, self.head, draft.t2d, self.cfg.trainer.vocab_chunk)
         # Noise perturbs what the draft reads, never the target it is scored against.
         steps = self.val_steps if validating else self.cfg.draft.ttt_steps
-        out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
-                          batch.get("final_hidden_input", batch["final_hidden"]), steps)
+        with self._autocast():  # the objective computes its losses in float32 either way
+            out = self.engine(batch["input_ids"], batch.get("aux_hidden_input", batch["aux_hidden"]),
+                              batch.get("final_hidden_input", batch["final_hidden"]), steps)
         res = ttt_objective(out.logits, view, draft.draft_to_target, self.loss_fn, self._step_weights(steps),
                             out.hidden, keep_hits=validating, on_policy=self.cfg.loss.on_policy)
         return res, int(batch["loss_mask"].sum())
+
+    def _autocast(self):
+        """trainer.precision=amp_bf16: the draft's forward in bfloat16 autocast, its weights,
+        gradients and optimizer state in float32."""
+        if self.cfg.trainer.precision != "amp_bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=select_device().kind, dtype=torch.bfloat16)
 
     def _step_weights(self, steps: int) -> list[float]:
         """The trained steps' loss weights, and 0 for the steps only validation unrolls, so
