@@ -307,6 +307,13 @@ def target_head_tensors(model, edit) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def answer_token_counts(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Counts [vocab] of the loss-masked (answer) tokens: what the draft vocabulary is built
+    from, for a cache's shards and online samples alike."""
+    ids = input_ids.long()[loss_mask.bool()]
+    return torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
+
+
 def save_side_files(cache_dir: Path, head: dict[str, torch.Tensor], world_size: int) -> None:
     """The target head tensors, which stage 2 needs to recompute target logits and to
     embed tokens, and the counts of loss-masked tokens over every shard (what was cached,
@@ -317,8 +324,7 @@ def save_side_files(cache_dir: Path, head: dict[str, torch.Tensor], world_size: 
     for rank in range(world_size):
         for shard in read_json(progress_path(cache_dir, rank))["shards"]:
             with safe_open(str(cache_dir / shard["file"]), framework="pt") as f:
-                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
-            counts += torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
+                counts += answer_token_counts(f.get_tensor("input_ids"), f.get_tensor("loss_mask"), vocab)
     save_file({"counts": counts}, str(cache_dir / TOKEN_COUNTS))
 
 

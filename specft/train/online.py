@@ -24,7 +24,7 @@ import torch
 
 from specft.cache import ServedTarget, serve_target, served_samples
 from specft.cache.reader import SourcesReader
-from specft.cache.writer import capture_samples, target_head_tensors
+from specft.cache.writer import answer_token_counts, capture_samples, target_head_tensors
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import DataSummary, load_conversations
 from specft.data import report as data_report
@@ -111,8 +111,7 @@ class OnlineFeatures:
         counts = torch.zeros(vocab, dtype=torch.long)
         for i in self.indices:
             s = self.samples[i]
-            ids = s.input_ids.long()[s.loss_mask.bool()]
-            counts += torch.bincount(ids[(ids >= 0) & (ids < vocab)], minlength=vocab)
+            counts += answer_token_counts(s.input_ids, s.loss_mask, vocab)
         return counts
 
 
@@ -123,14 +122,14 @@ def with_regenerate_seed(cfg: RootConfig, epoch: int) -> RootConfig:
     return dataclasses.replace(cfg, data=data)
 
 
-def _answers_dir(cfg: RootConfig, name: str) -> Path:
+def _answers_dir(cfg: RootConfig, name: str, tokenizer) -> Path:
     """Where the target's regenerated answers for ``cfg``'s data are kept, named by what
     a cache of them would be named by (model, quant, data...): answers to other data or
     from another target are never resumed from."""
-    from specft.cache import locate_cache
     from specft.cache.manifest import provenance_hash
+    from specft.cache.writer import build_provenance
 
-    _, provenance, _ = locate_cache(cfg)
+    provenance = build_provenance(cfg, tokenizer)  # the loaded tokenizer: no second load
     return Path(cfg.run_dir) / "online" / f"{name}-{provenance_hash(provenance)}"
 
 
@@ -159,14 +158,14 @@ def online_readers(cfg: RootConfig, rank: int, world_size: int,
     convs = load_conversations(cfg.data, summary)
     target = serve_target(cfg, rank, world_size, convs, tokenizer)
     head = target_head_tensors(target.model, editing(target.placed))  # a collective when sharded
-    samples = _every_slice(cfg, target, convs, _answers_dir(cfg, "train"), summary, world_size)
+    samples = _every_slice(cfg, target, convs, _answers_dir(cfg, "train", tokenizer), summary, world_size)
     data_report(summary)
     resample = None
     if cfg.trainer.regenerate_every_epoch:
         def resample(epoch: int) -> list:
             epoch_cfg = with_regenerate_seed(cfg, epoch)
             log.info("online features: epoch %d, the target answers the %d prompts again", epoch, len(convs))
-            return _every_slice(epoch_cfg, target, convs, _answers_dir(epoch_cfg, "train"), DataSummary(),
+            return _every_slice(epoch_cfg, target, convs, _answers_dir(epoch_cfg, "train", tokenizer), DataSummary(),
                                 world_size)
     train = OnlineFeatures(cfg, target, samples, head, "online features (training data)", world_size, resample)
     if not len(train):
@@ -181,7 +180,7 @@ def online_readers(cfg: RootConfig, rank: int, world_size: int,
                  source, cfg.trainer.val_samples)
         side_summary = DataSummary()
         side_convs = load_conversations(side.data, side_summary)
-        side_samples = _every_slice(side, target, side_convs, _answers_dir(side, f"heldout-{source}"),
+        side_samples = _every_slice(side, target, side_convs, _answers_dir(side, f"heldout-{source}", tokenizer),
                                     side_summary, world_size)
         sides[source] = OnlineFeatures(side, target, side_samples, head, f"online features (held-out {source})",
                                        world_size)
