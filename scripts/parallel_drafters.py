@@ -24,6 +24,8 @@ from pathlib import Path
 
 from quant_alignment import Experiment, parser
 
+from specft.eval.stats import paired_difference
+
 DRAFTS = ("eagle3", "peagle", "dflash")
 # Eval labels: the usual recipe is "baseline_16bit" and specft's chain "specft", so the
 # summary's specft-vs-baseline column and latency cut refer to them.
@@ -67,6 +69,32 @@ def drafter_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Each drafter trained on the 16-bit target (a) against the same drafter trained on the
+# quantized target (b): the pairs whose difference is specft's gain per drafter.
+PAIRS = (("baseline_16bit", "specft"), ("peagle_16bit", "specft_peagle"), ("dflash_16bit", "specft_dflash"))
+
+
+def gain_table(rows: list[dict], seed: int = 0) -> str:
+    """Per drafter, held-out set and k: the quant-aware draft minus the same drafter trained
+    on the 16-bit target, in acceptance rate (points) and length, paired over the same prompts."""
+    cells = {(r["data"], r["batch_size"], r["draft"], r["k"]): r for r in rows if r["k"]}
+    lines = ["| held-out set | k | drafter | trained on target minus on bf16: rate [95% CI] | length [95% CI] |",
+             "|---|---|---|---|---|"]
+    for data, batch, _, k in sorted({(d, b, "", k) for d, b, _, k in cells}):
+        for a, b in PAIRS:
+            ra, rb = cells.get((data, batch, a, k)), cells.get((data, batch, b, k))
+            if not (ra and rb and ra.get("per_prompt") and rb.get("per_prompt")):
+                continue
+            diff = paired_difference(ra["per_prompt"], rb["per_prompt"], seed)
+            lo, hi = diff["rate_difference_ci"]
+            verdict = "higher" if lo > 0 else "lower" if hi < 0 else "no difference"
+            llo, lhi = diff["length_difference_ci"]
+            lines.append(f"| {data} b{batch} | {k} | {b} - {a} | {100 * diff['rate_difference']:+.1f} pts "
+                         f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {verdict} | {diff['length_difference']:+.2f} "
+                         f"[{llo:+.2f}, {lhi:+.2f}] |")
+    return "\n".join(lines)
+
+
 # Table order: the usual recipe first, then specft's chain, then the parallel drafters.
 DRAFT_ORDER = {"baseline_16bit": 0, "specft": 1, "peagle_16bit": 2, "specft_peagle": 3, "dflash_16bit": 4,
                "specft_dflash": 5}
@@ -84,7 +112,8 @@ class ParallelDrafters(Experiment):
         super().summarize()
         summary = json.loads((self.out / "summary.json").read_text())
         table = drafter_table(summary["rows"])
-        (self.out / "drafters.md").write_text(table + "\n")
+        gains = gain_table(summary["rows"], self.args.seed)
+        (self.out / "drafters.md").write_text(table + "\n" + gains + "\n")
 
     def run_part(self, part: str) -> None:
         a = self.args

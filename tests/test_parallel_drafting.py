@@ -197,3 +197,25 @@ def test_bad_parallel_draft_configs_are_one_line(tmp_path, args, line):
     proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", *args], cwd=tmp_path, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == line
     assert not any(tmp_path.iterdir())
+
+
+def test_gain_table_pairs_each_drafter_with_its_16bit_twin(monkeypatch):
+    """scripts/parallel_drafters.py's gain rows: a drafter trained on the quantized target
+    that accepts more on every prompt is 'higher'; one equal to its twin is 'no difference'."""
+    import sys
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.modules.pop("parallel_drafters", None)
+    from parallel_drafters import gain_table
+
+    def row(draft, accepted):
+        per_prompt = [[10, 30, a] for a in accepted]
+        return {"data": "gsm8k", "batch_size": 16, "draft": draft, "k": 3, "per_prompt": per_prompt}
+
+    low, high = [3, 5, 4, 6, 2, 5], [9, 11, 8, 12, 7, 10]
+    rows = [row("peagle_16bit", low), row("specft_peagle", high), row("dflash_16bit", low), row("specft_dflash", low)]
+    lines = gain_table(rows).splitlines()[2:]
+    assert len(lines) == 2  # the chain pair has no rows: left out, not guessed
+    peagle, dflash = lines
+    assert "specft_peagle - peagle_16bit" in peagle and "+17.8 pts" in peagle  # (57 - 25) / 180 proposed and "higher" in peagle
+    assert "specft_dflash - dflash_16bit" in dflash and "+0.0 pts" in dflash and "no difference" in dflash
