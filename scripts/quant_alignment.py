@@ -49,6 +49,12 @@ loss.on_policy=true, and `<quant>-eval` evaluates it beside the others for the q
 
     python scripts/quant_alignment.py --out-dir runs/on_policy --qat-quants '' --onpolicy-quants mxfp4 \
         --parts base,mxfp4-ours,mxfp4-onpolicy,mxfp4-eval
+
+New answers every epoch (docs/training.md, trainer.regenerate_every_epoch): `<quant>-epochs`
+trains online (trainer.features=online, no cache) on the same prompts and steps, with the
+target's answers sampled at --epoch-temperature and drawn anew each epoch; `<quant>-eval`
+evaluates it for the quants in --epochs-quants. Its wall time, regenerations included, is
+in walls-*.json beside the cached run's.
 """
 
 from __future__ import annotations
@@ -149,6 +155,8 @@ class Experiment:
             drafts.append(("specft_qat", self.out / f"ours-{quant}-qat"))
         if quant in self.args.onpolicy_quants.split(","):
             drafts.append(("specft_onpolicy", self.out / f"ours-{quant}-onpolicy"))
+        if quant in self.args.epochs_quants.split(","):
+            drafts.append(("specft_epochs", self.out / f"ours-{quant}-epochs"))
         return drafts
 
     def evaluate(self, quant: str, drafts: list[tuple[str, Path]], alone: bool) -> None:
@@ -178,8 +186,8 @@ class Experiment:
             self.summarize()
 
     def run_part(self, part: str) -> None:
-        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-onpolicy | <quant>-eval | <quant>-fold |
-        <quant>-baseeval"""
+        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-onpolicy | <quant>-epochs | <quant>-eval |
+        <quant>-fold | <quant>-baseeval"""
         if part == "base":
             self.train("train baseline (bf16 target)", "bf16", self.base)
         elif part == "base-eval":
@@ -199,11 +207,16 @@ class Experiment:
             elif step == "onpolicy":
                 self.train(f"train specft on-policy ({quant})", quant, self.out / f"ours-{quant}-onpolicy",
                            "loss.on_policy=true")
+            elif step == "epochs":
+                self.train(f"train specft online, new answers every epoch ({quant})", quant,
+                           self.out / f"ours-{quant}-epochs", "trainer.features=online",
+                           "trainer.regenerate_every_epoch=true",
+                           f"data.regenerate.temperature={self.args.epoch_temperature}")
             elif step == "eval":
                 self.evaluate(quant, self.draft_dirs(quant), alone=self.args.eval_alone)
             else:
                 raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, "
-                                 "<quant>-onpolicy, <quant>-eval, <quant>-fold, <quant>-baseeval")
+                                 "<quant>-onpolicy, <quant>-epochs, <quant>-eval, <quant>-fold, <quant>-baseeval")
 
     def summarize(self) -> None:
         rows, walls, comparisons = [], {}, []
@@ -326,6 +339,10 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
                    help="steps to run, in order; two processes can split them (an eval waits for its drafts)")
     p.add_argument("--qat-quants", default="mxfp4,fp8", help="quants whose eval includes the draft-QAT variant")
     p.add_argument("--onpolicy-quants", default="", help="quants whose eval includes the on-policy draft")
+    p.add_argument("--epochs-quants", default="", help="quants whose eval includes the draft trained online on "
+                   "answers drawn anew every epoch")
+    p.add_argument("--epoch-temperature", type=float, default=0.7,
+                   help="the sampling temperature of <quant>-epochs's answers")
     p.add_argument("--gsm8k-samples", type=int, default=520)
     p.add_argument("--sharegpt-samples", type=int, default=160)
     p.add_argument("--sharegpt-max-turns", type=int, default=4,
