@@ -24,6 +24,7 @@ from pathlib import Path
 
 from quant_alignment import Experiment, parser
 
+from specft.eval.report import verdict
 from specft.eval.stats import paired_difference
 
 DRAFTS = ("eagle3", "peagle", "dflash")
@@ -87,10 +88,9 @@ def gain_table(rows: list[dict], seed: int = 0) -> str:
                 continue
             diff = paired_difference(ra["per_prompt"], rb["per_prompt"], seed)
             lo, hi = diff["rate_difference_ci"]
-            verdict = "higher" if lo > 0 else "lower" if hi < 0 else "no difference"
             llo, lhi = diff["length_difference_ci"]
             lines.append(f"| {data} b{batch} | {k} | {b} - {a} | {100 * diff['rate_difference']:+.1f} pts "
-                         f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {verdict} | {diff['length_difference']:+.2f} "
+                         f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {verdict({**diff, 'a': a, 'b': b})} | {diff['length_difference']:+.2f} "
                          f"[{llo:+.2f}, {lhi:+.2f}] |")
     return "\n".join(lines)
 
