@@ -217,5 +217,6 @@ def test_gain_table_pairs_each_drafter_with_its_16bit_twin(monkeypatch):
     lines = gain_table(rows).splitlines()[2:]
     assert len(lines) == 2  # the chain pair has no rows: left out, not guessed
     peagle, dflash = lines
-    assert "specft_peagle - peagle_16bit" in peagle and "+17.8 pts" in peagle  # (57 - 25) / 180 proposed and "higher" in peagle
+    # (57 - 25) accepted more of 180 proposed
+    assert "specft_peagle - peagle_16bit" in peagle and "+17.8 pts" in peagle and "specft_peagle higher" in peagle
     assert "specft_dflash - dflash_16bit" in dflash and "+0.0 pts" in dflash and "no difference" in dflash
