@@ -270,6 +270,10 @@ def test_heldout_sides_give_each_source_its_own_validation_side(tmp_path):
     assert list(heldout_sides(twice, 3)) == ["gsm8k_0", "gsm8k_1"]
     single = root_cfg("data=gsm8k", f"data.path={gsm}", "data.split=train").data
     assert list(heldout_sides(single, 3)) == ["gsm8k"] and heldout_sides(single, 3)["gsm8k"].num_samples == 3
+    sampled = root_cfg("data=gsm8k", f"data.path={gsm}", "data.split=train", "data.regenerate.enabled=true",
+                       "data.regenerate.temperature=0.7").data
+    assert sampled.regenerate.temperature == 0.7  # training answers are sampled, held-out ones greedy
+    assert heldout_sides(sampled, 3)["gsm8k"].regenerate.temperature == 0.0
 
 
 def _conversation(i: int) -> dict:
