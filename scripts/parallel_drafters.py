@@ -81,7 +81,7 @@ def gain_table(rows: list[dict], seed: int = 0) -> str:
     cells = {(r["data"], r["batch_size"], r["draft"], r["k"]): r for r in rows if r["k"]}
     lines = ["| held-out set | k | drafter | trained on target minus on bf16: rate [95% CI] | length [95% CI] |",
              "|---|---|---|---|---|"]
-    for data, batch, _, k in sorted({(d, b, "", k) for d, b, _, k in cells}):
+    for data, batch, k in sorted({(d, b, k) for d, b, _, k in cells}):
         for a, b in PAIRS:
             ra, rb = cells.get((data, batch, a, k)), cells.get((data, batch, b, k))
             if not (ra and rb and ra.get("per_prompt") and rb.get("per_prompt")):

@@ -62,11 +62,33 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from steps import GSM8K_VAL_FRACTION, SHARED, Steps, gsm8k_sharegpt_mix
 
 from specft.eval.report import verdict
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A variant of specft's draft: trained as `<quant>-ours` is (same cache, data, steps)
+    plus ``overrides``, and evaluated beside it for the quants in --<quants_arg>."""
+    label: str
+    title: str
+    quants_arg: str
+    overrides: Callable[[str, argparse.Namespace], list[str]]
+
+
+# <quant>-<step> parts; draft_dirs lists them in this order.
+VARIANTS = {
+    "qat": Variant("specft_qat", "+ draft QAT", "qat_quants", lambda quant, a: [f"draft.quant={quant}"]),
+    "onpolicy": Variant("specft_onpolicy", "on-policy", "onpolicy_quants", lambda quant, a: ["loss.on_policy=true"]),
+    "epochs": Variant("specft_epochs", "online, new answers every epoch", "epochs_quants",
+                      lambda quant, a: ["trainer.features=online", "trainer.regenerate_every_epoch=true",
+                                        f"data.regenerate.temperature={a.epoch_temperature}"]),
+}
 
 
 class Experiment:
@@ -151,12 +173,9 @@ class Experiment:
         emulated = self.compared(quant)
         if emulated:
             drafts.insert(1, ("specft_emulated", self.out / f"ours-{emulated}"))
-        if quant in self.args.qat_quants.split(","):
-            drafts.append(("specft_qat", self.out / f"ours-{quant}-qat"))
-        if quant in self.args.onpolicy_quants.split(","):
-            drafts.append(("specft_onpolicy", self.out / f"ours-{quant}-onpolicy"))
-        if quant in self.args.epochs_quants.split(","):
-            drafts.append(("specft_epochs", self.out / f"ours-{quant}-epochs"))
+        for step, variant in VARIANTS.items():
+            if quant in getattr(self.args, variant.quants_arg).split(","):
+                drafts.append((variant.label, self.out / f"ours-{quant}-{step}"))
         return drafts
 
     def evaluate(self, quant: str, drafts: list[tuple[str, Path]], alone: bool) -> None:
@@ -201,17 +220,10 @@ class Experiment:
             quant, _, step = part.rpartition("-")
             if step == "ours":
                 self.train(f"train specft ({quant})", quant, self.out / f"ours-{quant}")
-            elif step == "qat":
-                self.train(f"train specft + draft QAT ({quant})", quant, self.out / f"ours-{quant}-qat",
-                           f"draft.quant={quant}")
-            elif step == "onpolicy":
-                self.train(f"train specft on-policy ({quant})", quant, self.out / f"ours-{quant}-onpolicy",
-                           "loss.on_policy=true")
-            elif step == "epochs":
-                self.train(f"train specft online, new answers every epoch ({quant})", quant,
-                           self.out / f"ours-{quant}-epochs", "trainer.features=online",
-                           "trainer.regenerate_every_epoch=true",
-                           f"data.regenerate.temperature={self.args.epoch_temperature}")
+            elif step in VARIANTS:
+                variant = VARIANTS[step]
+                self.train(f"train specft {variant.title} ({quant})", quant, self.out / f"ours-{quant}-{step}",
+                           *variant.overrides(quant, self.args))
             elif step == "eval":
                 self.evaluate(quant, self.draft_dirs(quant), alone=self.args.eval_alone)
             else:
