@@ -206,6 +206,11 @@ class TrainerConfig:
     # data.regenerate's temperature and a seed per epoch), so each epoch trains on new
     # answers. Epoch 0's are the usual ones.
     regenerate_every_epoch: bool = False
+    # A rotated target (QuaRot): train the draft in the unrotated basis (stage 2 reads its
+    # features, embedding and head times R1^T) and write drafts with R1 folded in, so they
+    # read the served states. "target": R1 from the quant config's rotation or the
+    # checkpoint's saved matrix; else a .safetensors file with R1. See train/unrotate.py.
+    unrotate: str | None = None
 
 
 # pipeline.FEATURES' names, for validate.py, which must not import the stages.

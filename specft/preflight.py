@@ -133,6 +133,10 @@ def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None
     check_checkpoint_quant(root)
     check_writable_places(root, command)
     check_data(root, command)
+    if command == "train" and root.trainer.unrotate is not None:
+        from specft.quant.rotation_source import served_rotation
+
+        served_rotation(root)  # an unknown or bad R1, before stage 1 runs
     if command != "eval":
         check_resume(Path(root.run_dir), cfg_dict)
     checkpoints = Path(root.run_dir) / "checkpoints"

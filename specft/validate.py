@@ -251,6 +251,26 @@ def validate_trainer(cfg: RootConfig) -> None:
     elif t.regenerate_every_epoch:
         raise ConfigError("trainer.regenerate_every_epoch: new answers each epoch need the target in training: "
                           "trainer.features=online")
+    if t.unrotate is not None:
+        _check_unrotate(cfg)
+
+
+def _check_unrotate(cfg: RootConfig) -> None:
+    """trainer.unrotate folds R1 into the trained draft as fold-rotation does: EAGLE-3
+    drafts in 16 bits, one target's basis."""
+    if cfg.draft.name != "eagle3":
+        raise ConfigError(f"trainer.unrotate: folds the rotation into EAGLE-3 drafts; draft={cfg.draft.name} "
+                          "trains in the rotated basis (drop trainer.unrotate)")
+    if cfg.draft.quant is not None:
+        raise ConfigError(f"trainer.unrotate: folding moves a quantization-aware draft's weights off their grid "
+                          f"(draft.quant={cfg.draft.quant}); drop one of the two")
+    if cfg.trainer.mix_quant is not None:
+        raise ConfigError("trainer.unrotate: trainer.mix_quant mixes another target's features, in another basis; "
+                          "drop one of the two")
+    source = cfg.trainer.unrotate
+    if source != "target" and not (source.endswith(".safetensors") or Path(source).expanduser().is_dir()):
+        raise ConfigError(f"trainer.unrotate: 'target' (the served target's R1), a .safetensors file with R1, "
+                          f"or a checkpoint folder that saved it; got {source!r}")
 
 
 def _check_node(t) -> None:

@@ -10,10 +10,7 @@ token embedding it shares with the target when served (rotated too). So:
   without a scale);
 - its frozen embedding copy <- E @ R1, the target's rotated one.
 In float64 the folded draft on the rotated target computes what the original computes on
-the original target. R1 comes from a quant config with a rotation block (rebuilt from its
-kind and seed), from a checkpoint folder whose quantizer saved it (msModelSlim's QuaRot:
-optional/quarot.safetensors), or from a .safetensors file holding the matrix: one recovered
-from the two checkpoints (scripts/recover_rotation.py).
+the original target. R1 comes from quant/rotation_source.py.
 """
 
 from __future__ import annotations
@@ -25,57 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from specft.errors import SpecftError
-
-ORTHOGONALITY_TOLERANCE = 1e-4  # a saved or recovered matrix in float32 is orthogonal to ~1e-6
-
-
-def rotation_matrix(source: str, size: int) -> tuple[torch.Tensor, dict]:
-    """(R1 in float64, a record of where it came from)."""
-    if source.endswith(".safetensors"):
-        return _matrix_file(Path(source).expanduser(), size), {"file": str(Path(source).expanduser().resolve())}
-    if Path(source).expanduser().is_dir():
-        folder = Path(source).expanduser().resolve()
-        return _checked(_saved_matrix(folder), size, str(folder)), {"checkpoint": str(folder)}
-    from specft.quant.config import load_quant_config
-    from specft.quant.orthogonal import orthogonal
-
-    rotation = load_quant_config(source, "--rotation").rotation
-    if rotation is None or not rotation.residual:
-        raise SpecftError(f"--rotation: quant config {source!r} rotates no residual stream (no rotation.residual)")
-    return orthogonal(rotation.residual, size, rotation.seed, "--rotation"), \
-        {"quant": source, "kind": rotation.residual, "seed": rotation.seed}
-
-
-def _matrix_file(path: Path, size: int) -> torch.Tensor:
-    if not path.is_file():
-        raise SpecftError(f"--rotation: no file {path}")
-    tensors = load_file(str(path))
-    if len(tensors) != 1:
-        raise SpecftError(f"--rotation: {path} holds {len(tensors)} tensors ({', '.join(sorted(tensors)[:4])}); "
-                          "give a file with the one matrix")
-    (r,) = tensors.values()
-    return _checked(r, size, str(path))
-
-
-def _saved_matrix(folder: Path) -> torch.Tensor:
-    """R1 as a rotating quantizer saved it beside its checkpoint (msModelSlim's QuaRot)."""
-    from specft.quantized_checkpoints import detect_family
-    from specft.quantized_checkpoints.msmodelslim import MsModelSlim, saved_rotation
-
-    if not isinstance(detect_family(folder), MsModelSlim):
-        raise SpecftError(f"--rotation: {folder} is not a checkpoint that saves its rotation (msModelSlim QuaRot); "
-                          "for others recover R1 with scripts/recover_rotation.py and give its .safetensors")
-    return saved_rotation(folder)
-
-
-def _checked(r: torch.Tensor, size: int, where: str) -> torch.Tensor:
-    r = r.double()
-    if r.shape != (size, size):
-        raise SpecftError(f"--rotation: {where} holds a {tuple(r.shape)} matrix; the draft's target is {size} wide")
-    err = (r @ r.T - torch.eye(size, dtype=torch.float64)).abs().max().item()
-    if err > ORTHOGONALITY_TOLERANCE:
-        raise SpecftError(f"--rotation: {where} is not orthogonal (max |R R^T - I| = {err:.2e})")
-    return r
+from specft.quant.rotation_source import rotation_matrix
 
 
 def fold_into_eagle3(state: dict[str, torch.Tensor], meta: dict, r1: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -80,10 +80,12 @@ def write_draft_files(folder: Path, draft, extra_config: dict, run_config_yaml: 
 
 
 def save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: int,
-                    keep_last: int, extra_config: dict, run_config_yaml: str) -> Path:
+                    keep_last: int, extra_config: dict, run_config_yaml: str, served=None) -> Path:
+    """``served``: state -> the state the draft files hold (trainer.unrotate folds it); the
+    DeepSpeed state stays as trained."""
     try:
         return _save_checkpoint(engine, ckpt_root, step, rank, world_size, keep_last, extra_config,
-                                run_config_yaml)
+                                run_config_yaml, served)
     except Exception as err:
         tmp_root = ckpt_root / f".tmp-{step_tag(step)}"
         full = is_disk_full(err) or (tmp_root.exists() and _nearly_full(ckpt_root))
@@ -108,7 +110,7 @@ def _nearly_full(path: Path) -> bool:
 
 
 def _save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: int,
-                     keep_last: int, extra_config: dict, run_config_yaml: str) -> Path:
+                     keep_last: int, extra_config: dict, run_config_yaml: str, served=None) -> Path:
     tag = step_tag(step)
     tmp_root = ckpt_root / f".tmp-{tag}"
     if rank == 0 and tmp_root.exists():
@@ -121,7 +123,7 @@ def _save_checkpoint(engine, ckpt_root: Path, step: int, rank: int, world_size: 
     barrier(world_size)
     final = ckpt_root / tag
     if rank == 0:
-        write_draft_files(folder, engine.module, extra_config, run_config_yaml, state)
+        write_draft_files(folder, engine.module, extra_config, run_config_yaml, served(state) if served else state)
         if final.exists():
             shutil.rmtree(final)
         os.replace(folder, final)

@@ -22,6 +22,7 @@ from specft.errors import SpecftError
 from specft.eval.stats import confidence
 from specft.export.verifier import VERIFIER_KEYS
 from specft.quant.config import load_quant_config
+from specft.quant.rotation_source import served_rotation
 from specft.train.batches import StepSampler, collate
 from specft.train.checkpoint import (
     consolidated_state,
@@ -37,6 +38,7 @@ from specft.train.objective import StepResult, acceptance_length, target_view, t
 from specft.train.replay import replay_sample, step_hits
 from specft.train.schedule import warmup_cosine
 from specft.train.target_head import load_target_head
+from specft.train.unrotate import served_state, unrotated
 from specft.train.vocab_prior import target_prior
 
 log = logging.getLogger(__name__)
@@ -198,6 +200,10 @@ class Trainer:
         # that matters for training.
         torch.set_flush_denormal(True)
         torch.manual_seed(cfg.seed)
+        self.rotation = None
+        if cfg.trainer.unrotate is not None:  # train in the unrotated basis, write folded drafts
+            self.rotation = served_rotation(cfg)
+            self.reader, val_reader = unrotated(self.reader, self.rotation[0]), unrotated(val_reader, self.rotation[0])
         self.val_reader, heldout = self.reader, None
         if val_reader is not None:  # trainer.val_data=heldout: every training sample trains
             self.val_reader = heldout = val_reader
@@ -228,6 +234,16 @@ class Trainer:
                              # caches built before these facts were recorded lack them: export then reads the run config
                              "verifier": {k: v for k, v in self.reader.manifest["target"].items()
                                           if k in VERIFIER_KEYS and v is not None}}
+        if self.rotation is not None:
+            self.extra_config["rotation"] = {**self.rotation[1], "trained": "unrotated"}
+
+    def _served(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The state the draft files hold: folded for the rotated target under trainer.unrotate."""
+        if self.rotation is None:
+            return state
+        meta = {"hidden_size": self.engine.module.config.hidden_size,
+                "target_hidden_size": self.cfg.model.hidden_size}
+        return served_state(state, meta, self.rotation[0])
 
     def _resume(self) -> int:
         """The step to start from: the latest checkpoint's, or an older one's when the
@@ -435,11 +451,11 @@ class Trainer:
                              val["loss"], val.get("acc_0", 0.0), val["accept_len"], _replay_line(val))
             if (step + 1) % t.save_every == 0 or last:
                 save_checkpoint(self.engine, self.ckpt_root, step + 1, self.rank, self.world_size,
-                                t.keep_last, self.extra_config, self.run_config_yaml)
+                                t.keep_last, self.extra_config, self.run_config_yaml, self._served)
         final = self.ckpt_root / "final"
         state = consolidated_state(self.engine.module)  # collective under ZeRO-3
         if self.rank == 0:
             final = save_final(self.ckpt_root, self.engine.module, self.extra_config,
-                               self.run_config_yaml, state)
+                               self.run_config_yaml, self._served(state))
             logger.close()
         return final

@@ -1,0 +1,84 @@
+"""Where a rotated target's R1 comes from: a quant config's rotation block (rebuilt from
+its kind and seed), a checkpoint folder whose quantizer saved it (msModelSlim's QuaRot:
+optional/quarot.safetensors), or a .safetensors file holding the matrix (one recovered
+from two checkpoints by scripts/recover_rotation.py). `specft fold-rotation` and
+trainer.unrotate both read it here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from specft.errors import ConfigError, SpecftError
+
+ORTHOGONALITY_TOLERANCE = 1e-4  # a saved or recovered matrix in float32 is orthogonal to ~1e-6
+
+
+def rotation_matrix(source: str, size: int, field: str = "--rotation") -> tuple[torch.Tensor, dict]:
+    """(R1 in float64, a record of where it came from); errors name ``field``."""
+    if source.endswith(".safetensors"):
+        return _matrix_file(Path(source).expanduser(), size, field), {"file": str(Path(source).expanduser().resolve())}
+    if Path(source).expanduser().is_dir():
+        folder = Path(source).expanduser().resolve()
+        return _checked(_saved_matrix(folder, field), size, str(folder), field), {"checkpoint": str(folder)}
+    from specft.quant.config import load_quant_config
+    from specft.quant.orthogonal import orthogonal
+
+    rotation = load_quant_config(source, field).rotation
+    if rotation is None or not rotation.residual:
+        raise SpecftError(f"{field}: quant config {source!r} rotates no residual stream (no rotation.residual)")
+    return orthogonal(rotation.residual, size, rotation.seed, field), \
+        {"quant": source, "kind": rotation.residual, "seed": rotation.seed}
+
+
+def _matrix_file(path: Path, size: int, field: str) -> torch.Tensor:
+    if not path.is_file():
+        raise SpecftError(f"{field}: no file {path}")
+    tensors = load_file(str(path))
+    if len(tensors) != 1:
+        raise SpecftError(f"{field}: {path} holds {len(tensors)} tensors ({', '.join(sorted(tensors)[:4])}); "
+                          "give a file with the one matrix")
+    (r,) = tensors.values()
+    return _checked(r, size, str(path), field)
+
+
+def _saved_matrix(folder: Path, field: str) -> torch.Tensor:
+    """R1 as a rotating quantizer saved it beside its checkpoint (msModelSlim's QuaRot)."""
+    from specft.quantized_checkpoints import detect_family
+    from specft.quantized_checkpoints.msmodelslim import MsModelSlim, saved_rotation
+
+    if not isinstance(detect_family(folder), MsModelSlim):
+        raise SpecftError(f"{field}: {folder} is not a checkpoint that saves its rotation (msModelSlim QuaRot); "
+                          "for others recover R1 with scripts/recover_rotation.py and give its .safetensors")
+    return saved_rotation(folder)
+
+
+def _checked(r: torch.Tensor, size: int, where: str, field: str) -> torch.Tensor:
+    r = r.double()
+    if r.shape != (size, size):
+        raise SpecftError(f"{field}: {where} holds a {tuple(r.shape)} matrix; the draft's target is {size} wide")
+    err = (r @ r.T - torch.eye(size, dtype=torch.float64)).abs().max().item()
+    if err > ORTHOGONALITY_TOLERANCE:
+        raise SpecftError(f"{field}: {where} is not orthogonal (max |R R^T - I| = {err:.2e})")
+    return r
+
+
+def served_rotation(cfg) -> tuple[torch.Tensor, dict]:
+    """(R1 in float64, where it came from) for trainer.unrotate: ``target`` takes the quant
+    config's rotation block or the checkpoint folder's saved matrix; anything else is a
+    .safetensors file (or checkpoint folder) holding it."""
+    from specft.quant.orthogonal import orthogonal
+
+    size, source = cfg.model.hidden_size, cfg.trainer.unrotate
+    if source != "target":
+        return rotation_matrix(source, size, "trainer.unrotate")
+    rotation = getattr(cfg.quant, "rotation", None)
+    if rotation is not None and rotation.residual:
+        r1 = orthogonal(rotation.residual, size, rotation.seed, "trainer.unrotate")
+        return r1, {"quant": cfg.quant.name, "kind": rotation.residual, "seed": rotation.seed}
+    if cfg.quant.name == "checkpoint":
+        return rotation_matrix(str(cfg.model.path), size, "trainer.unrotate")
+    raise ConfigError(f"trainer.unrotate=target: the target (quant={cfg.quant.name}) rotates no residual stream; "
+                      "drop trainer.unrotate, or give the R1 .safetensors file")
