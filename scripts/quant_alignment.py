@@ -55,6 +55,14 @@ trains online (trainer.features=online, no cache) on the same prompts and steps,
 target's answers sampled at --epoch-temperature and drawn anew each epoch; `<quant>-eval`
 evaluates it for the quants in --epochs-quants. Its wall time, regenerations included, is
 in walls-*.json beside the cached run's.
+
+Training in the unrotated basis (docs/training.md, trainer.unrotate): on a rotated target,
+`<quant>-unrot` trains specft's draft as `<quant>-ours` does (same cache, data, steps) with
+its features un-rotated, then folds R1 into it; `<quant>-eval` evaluates it for the quants
+in --unrot-quants:
+
+    python scripts/quant_alignment.py --out-dir runs/rotated --qat-quants '' --unrot-quants w8a8_int8_quarot \
+        --parts w8a8_int8_quarot-unrot,w8a8_int8_quarot-eval
 """
 
 from __future__ import annotations
@@ -88,6 +96,8 @@ VARIANTS = {
     "epochs": Variant("specft_epochs", "online, new answers every epoch", "epochs_quants",
                       lambda quant, a: ["trainer.features=online", "trainer.regenerate_every_epoch=true",
                                         f"data.regenerate.temperature={a.epoch_temperature}"]),
+    "unrot": Variant("specft_unrotated", "trained unrotated, folded", "unrot_quants",
+                     lambda quant, a: ["trainer.unrotate=target"]),
 }
 
 
@@ -205,7 +215,7 @@ class Experiment:
             self.summarize()
 
     def run_part(self, part: str) -> None:
-        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-onpolicy | <quant>-epochs | <quant>-eval |
+        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-onpolicy | <quant>-epochs | <quant>-unrot | <quant>-eval |
         <quant>-fold | <quant>-baseeval"""
         if part == "base":
             self.train("train baseline (bf16 target)", "bf16", self.base)
@@ -228,7 +238,7 @@ class Experiment:
                 self.evaluate(quant, self.draft_dirs(quant), alone=self.args.eval_alone)
             else:
                 raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, "
-                                 "<quant>-onpolicy, <quant>-epochs, <quant>-eval, <quant>-fold, <quant>-baseeval")
+                                 "<quant>-onpolicy, <quant>-epochs, <quant>-unrot, <quant>-eval, <quant>-fold, <quant>-baseeval")
 
     def summarize(self) -> None:
         rows, walls, comparisons = [], {}, []
@@ -353,6 +363,8 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--onpolicy-quants", default="", help="quants whose eval includes the on-policy draft")
     p.add_argument("--epochs-quants", default="", help="quants whose eval includes the draft trained online on "
                    "answers drawn anew every epoch")
+    p.add_argument("--unrot-quants", default="", help="rotated targets whose eval includes the draft trained in "
+                   "the unrotated basis (trainer.unrotate=target)")
     p.add_argument("--epoch-temperature", type=float, default=0.7,
                    help="the sampling temperature of <quant>-epochs's answers")
     p.add_argument("--gsm8k-samples", type=int, default=520)
