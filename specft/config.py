@@ -60,6 +60,9 @@ class RegenerateConfig:
     top_k: int = 0  # 0: off
     batch_size: int = 8
     seed: int = 0
+    # The share of conversations the target answers (a seeded choice); the rest keep the
+    # dataset's fixed text, cached at teacher-forced speed. null: all of them.
+    fraction: float | None = None
 
 
 @dataclass

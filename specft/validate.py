@@ -374,3 +374,6 @@ def _validate_data(d: DataConfig) -> None:
     if r.temperature < 0 or not 0 < r.top_p <= 1 or r.top_k < 0:
         raise ConfigError(f"data.regenerate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got "
                           f"{r.temperature}, {r.top_p}, {r.top_k}")
+    if r.fraction is not None and not (r.enabled and 0 < r.fraction <= 1):
+        raise ConfigError(f"data.regenerate.fraction: the share of conversations the target answers, in (0, 1], "
+                          f"with data.regenerate.enabled=true; got {r.fraction} (enabled={r.enabled})")

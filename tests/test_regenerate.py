@@ -109,3 +109,27 @@ def test_other_ranks_samples_are_left_alone(tmp_path):
     convs = load_conversations(cfg.data)
     out = regenerate(model, tok, convs, cfg.data, cache_dir, rank=1, world_size=2)
     assert [c is None for c in out] == [True, False] * 3
+
+
+def test_a_fraction_is_answered_by_the_target_and_the_rest_keeps_its_text(tmp_path):
+    """data.regenerate.fraction: a seeded share answered, the same on every rank; the
+    others keep the dataset's answers, and the cache is named apart from the whole run's."""
+    cfg = _cfg(tmp_path, "data.regenerate.fraction=0.5")
+    cache_dir = ensure_cache(cfg)
+    assert cache_dir != locate_cache(_cfg(tmp_path))[0]
+    stored = sorted(json.loads(line)["index"] for line in store_path(cache_dir, 0).read_text().splitlines())
+    assert len(stored) == 3
+    summary = CacheReader(cache_dir).manifest["data_summary"]
+    assert summary["regenerated"] == 3 and summary["kept_fixed_text"] == 3
+    original = load_conversations(cfg.data)
+    tok = load_tokenizer(cfg.model)
+    model, _ = load_target(cfg.model)
+    # Rank 1 of 2 answers its share of the same chosen set, and keeps its fixed ones.
+    out = regenerate(model, tok, original, cfg.data, tmp_path / "r1", rank=1, world_size=2)
+    for i, conv in enumerate(out):
+        if i % 2 == 0:
+            assert conv is None  # rank 0's
+        elif i in stored:
+            assert conv[-1]["content"] != original[i][-1]["content"]
+        else:
+            assert conv == original[i]

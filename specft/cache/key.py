@@ -28,7 +28,8 @@ KEYED: dict[type, tuple[str, ...]] = {
                  "split", "val_fraction", "dedup", "min_turns", "max_turns", "min_response_chars",
                  "regenerate", "mix"),
     # batch_size: float32 padding effects flip a few greedy tokens between batch sizes.
-    RegenerateConfig: ("enabled", "max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "seed"),
+    RegenerateConfig: ("enabled", "max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "seed",
+                       "fraction"),
     QuantConfig: ("name", "weight", "activation", "kv", "exclude", "calibration_samples", "rotation"),
     TensorQuantSpec: ("format", "scheme", "block_size", "scale_rule", "symmetric", "dynamic"),
     RotationSpec: ("residual", "head", "online_qk", "online_down", "seed"),
@@ -36,7 +37,7 @@ KEYED: dict[type, tuple[str, ...]] = {
 
 # Keyed fields that join the key only when set: fields added after caches were named under
 # keys without them (a config that leaves them null keeps its old key).
-KEYED_WHEN_SET: dict[type, tuple[str, ...]] = {QuantConfig: ("rotation",)}
+KEYED_WHEN_SET: dict[type, tuple[str, ...]] = {QuantConfig: ("rotation",), RegenerateConfig: ("fraction",)}
 
 # Fields that reach a keyed dataclass but not the cached numbers, and why.
 NOT_KEYED: dict[type, dict[str, str]] = {

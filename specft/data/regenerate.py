@@ -6,6 +6,10 @@ batches (left-padded, one `generate` call per assistant turn); each finished bat
 appended to ``regenerated-r<rank>.jsonl`` in the cache directory, so a killed run resumes
 without answering anything twice. A rank answers only its own samples (i % world == rank);
 the others stay None in its list.
+
+data.regenerate.fraction answers only a seeded share of the conversations; the rest keep
+their fixed text (the dataset's answers), which stage 1 then reads at teacher-forced speed:
+the mixes of issue 34's data-per-CPU-hour study.
 """
 
 from __future__ import annotations
@@ -44,13 +48,25 @@ def _load_store(path: Path) -> dict[int, Conversation]:
     return done
 
 
-def read_all_answers(cache_dir: Path, count: int, world_size: int) -> list[Conversation | None]:
-    """Every slice's answered conversations (once every rank has finished), None where
-    none was stored: what a rank needs when it may read any sample (online training)."""
+def answered_by_target(count: int, rc: RegenerateConfig) -> set[int]:
+    """The conversations the target answers: all, or a seeded share ``rc.fraction`` of
+    them (the same set on every rank and every resume)."""
+    if rc.fraction is None:
+        return set(range(count))
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(rc.seed + 15_485_863)).tolist()
+    return set(order[: round(count * rc.fraction)])
+
+
+def read_all_answers(cache_dir: Path, convs: list[Conversation], world_size: int,
+                     rc: RegenerateConfig) -> list[Conversation | None]:
+    """Every slice's answered conversations (once every rank has finished), the fixed
+    text where the target answers none, None where an answer was not stored: what a rank
+    needs when it may read any sample (online training)."""
     done: dict[int, Conversation] = {}
     for rank in range(world_size):
         done.update(_load_store(store_path(cache_dir, rank)))
-    return [done.get(i) for i in range(count)]
+    answered = answered_by_target(len(convs), rc)
+    return [done.get(i) if i in answered else convs[i] for i in range(len(convs))]
 
 
 def _append(path: Path, records: list[dict]) -> None:
@@ -151,9 +167,11 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = store_path(cache_dir, rank)
     done = _load_store(path)
-    mine = list(range(rank, len(convs), world_size))
-    pending = [i for i in mine if i not in done]
     rc = cfg.regenerate
+    answered = answered_by_target(len(convs), rc)
+    mine = [i for i in range(rank, len(convs), world_size) if i in answered]
+    fixed = [i for i in range(rank, len(convs), world_size) if i not in answered]
+    pending = [i for i in mine if i not in done]
     t0, tokens = time.perf_counter(), 0
     with progress_bar(len(mine), f"regenerate r{rank}", "conv", initial=len(mine) - len(pending)) as bar:
         for start in range(0, len(pending), rc.batch_size):
@@ -174,4 +192,7 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
         summary["regen_new_tokens"] += tokens
         summary["regen_ms"] += round(1000 * spent)
     summary["regenerated"] += len(mine)
-    return [done[i] if i in done else None for i in range(len(convs))]
+    if fixed:
+        summary["kept_fixed_text"] += len(fixed)
+    kept = set(fixed)
+    return [done[i] if i in done else convs[i] if i in kept else None for i in range(len(convs))]

@@ -64,7 +64,7 @@ def heldout_side(cfg: DataConfig, num_samples: int) -> DataConfig:
     whatever the training answers' temperature: validation replays greedy decoding, which
     is exact only on the target's greedy answers."""
     mix = [{**member, "num_samples": num_samples, "split": "validation"} for member in cfg.mix]
-    greedy = dataclasses.replace(cfg.regenerate, enabled=True, temperature=0.0)
+    greedy = dataclasses.replace(cfg.regenerate, enabled=True, temperature=0.0, fraction=None)
     return dataclasses.replace(cfg, split="validation", num_samples=num_samples, mix=mix, regenerate=greedy)
 
 
