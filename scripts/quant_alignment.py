@@ -115,6 +115,7 @@ class Experiment:
                                  a.sharegpt_max_turns, a.sharegpt_val_fraction)
         return ["data=mix", mix, "data.split=train", f"data.val_fraction={GSM8K_VAL_FRACTION}", "data.regenerate.enabled=true",
                 f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
+                *([f"data.regenerate.fraction={a.regen_fraction}"] if a.regen_fraction is not None else []),
                 "data.max_seq_len=512", f"cache.root={a.cache_root.resolve() if a.cache_root else self.out / 'cache'}"]
 
     def target(self, name: str) -> list[str]:
@@ -380,6 +381,9 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per prompt set (eval and validation)")
     p.add_argument("--val-samples", type=int, default=0,
                    help="held-out prompts the trainer's replayed validation uses (0: --eval-prompts)")
+    p.add_argument("--regen-fraction", type=float, default=None,
+                   help="share of the training conversations the target answers (data.regenerate.fraction); "
+                        "the rest keep their fixed text. Default: all")
     p.add_argument("--regen-batch", type=int, default=32, help="data.regenerate.batch_size (part of the cache key)")
     p.add_argument("--no-eval-alone", dest="eval_alone", action="store_false",
                    help="skip the target-alone rows (acceptance only: no latency comparison)")
