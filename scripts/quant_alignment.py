@@ -113,9 +113,13 @@ class Experiment:
         a = self.args
         mix = gsm8k_sharegpt_mix(a.gsm8k, a.gsm8k_samples, a.sharegpt, a.sharegpt_samples,
                                  a.sharegpt_max_turns, a.sharegpt_val_fraction)
-        return ["data=mix", mix, "data.split=train", f"data.val_fraction={GSM8K_VAL_FRACTION}", "data.regenerate.enabled=true",
+        # --regen-fraction 0: the datasets' own answers only. The held-out side is answered by
+        # the target either way, with the same generation settings (they name its cache).
+        fraction = a.regen_fraction
+        share = [] if fraction is None or fraction in (0, 1) else [f"data.regenerate.fraction={fraction}"]
+        return ["data=mix", mix, "data.split=train", f"data.val_fraction={GSM8K_VAL_FRACTION}",
+                f"data.regenerate.enabled={str(fraction != 0).lower()}", *share,
                 f"data.regenerate.max_new_tokens={a.max_new_tokens}", f"data.regenerate.batch_size={a.regen_batch}",
-                *([f"data.regenerate.fraction={a.regen_fraction}"] if a.regen_fraction is not None else []),
                 "data.max_seq_len=512", f"cache.root={a.cache_root.resolve() if a.cache_root else self.out / 'cache'}"]
 
     def target(self, name: str) -> list[str]:
@@ -142,7 +146,8 @@ class Experiment:
                 f"trainer.max_steps={a.steps}", f"trainer.save_every={min(a.save_every, a.steps)}",
                 "trainer.val_data=heldout", f"trainer.val_samples={a.val_samples or a.eval_prompts}",
                 f"trainer.val_batches={a.val_samples or a.eval_prompts}", f"eval.k=[{a.k}]", f"eval.max_new_tokens={a.eval_tokens}",
-                f"seed={a.seed}", f"run_dir={run_dir}", *extra]
+                f"seed={a.seed}", f"run_dir={run_dir}", *([f"trainer.precision={a.precision}"] if a.precision else []),
+                *extra]
         self.timed(name, args, run_dir / "checkpoints" / "final")
 
     def rotation_source(self, name: str) -> str | None:
@@ -376,6 +381,8 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--sharegpt-val-fraction", type=float, default=0.3,
                    help="the ShareGPT sample's held-out share (500 conversations: 0.3 holds out ~150)")
     p.add_argument("--steps", type=int, default=480)
+    p.add_argument("--precision", default="", help="trainer.precision of every training (fp32 | amp_bf16 | ...; "
+                   "default: the trainer's)")
     p.add_argument("--ttt-steps", type=int, default=3, help="TTT steps trained (3: the recipe ablations' best)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per prompt set (eval and validation)")
@@ -383,7 +390,7 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
                    help="held-out prompts the trainer's replayed validation uses (0: --eval-prompts)")
     p.add_argument("--regen-fraction", type=float, default=None,
                    help="share of the training conversations the target answers (data.regenerate.fraction); "
-                        "the rest keep their fixed text. Default: all")
+                        "the rest keep their fixed text; 0: fixed text only. Default: all")
     p.add_argument("--regen-batch", type=int, default=32, help="data.regenerate.batch_size (part of the cache key)")
     p.add_argument("--no-eval-alone", dest="eval_alone", action="store_false",
                    help="skip the target-alone rows (acceptance only: no latency comparison)")
