@@ -63,7 +63,20 @@ class TimedTrainer(Trainer):
         return self._forward_batch(batch, validating=step is None)
 
 
+def compile_draft(trainer) -> str | None:
+    """torch.compile the draft's forward in place (dynamic shapes: sequence lengths vary);
+    the reason when it cannot be, so the variant is reported as unavailable, not run eager."""
+    try:
+        module = trainer.engine.module
+        module.forward = torch.compile(module.forward, dynamic=True)
+        return None
+    except Exception as err:  # no compiler, an unsupported platform: torch raises many kinds
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+
+
 def run_variant(base_cfg, cache_dir: Path, name: str, overrides: dict, steps: int, warmup: int) -> dict:
+    overrides = dict(overrides)
+    compiled = overrides.pop("compile", False)
     cfg = OmegaConf.merge(base_cfg, OmegaConf.create(overrides))
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     OmegaConf.update(cfg, "run_dir", str(run_dir))
@@ -72,8 +85,17 @@ def run_variant(base_cfg, cache_dir: Path, name: str, overrides: dict, steps: in
     root = to_schema(cfg)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     trainer = TimedTrainer(root, CacheReader(cache_dir))
-    for s in range(warmup):
-        trainer._train_step(s)
+    if compiled and (why := compile_draft(trainer)):
+        return {"variant": name, "unavailable": why}
+    t_warm = time.perf_counter()
+    try:
+        for s in range(warmup):
+            trainer._train_step(s)
+    except Exception as err:  # torch.compile fails at the first call when inductor cannot build
+        if not compiled:
+            raise
+        return {"variant": name, "unavailable": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+    warmup_s = time.perf_counter() - t_warm
     trainer.data_seconds = 0.0
     tokens = positions = 0
     t0 = time.perf_counter()
@@ -88,7 +110,8 @@ def run_variant(base_cfg, cache_dir: Path, name: str, overrides: dict, steps: in
     flops = flops_per_token(c, int(seq), root.draft.ttt_steps, c.target_vocab_size)
     return {"variant": name, "steps": steps, "wall_s": wall, "positions_per_s": positions / wall,
             "loss_tokens_per_s": tokens / wall, "data_wait_share": trainer.data_seconds / wall,
-            "draft_vocab": c.draft_vocab_size, "mean_seq_len": seq, "flops_per_position": flops,
+            "draft_vocab": c.draft_vocab_size, "mean_seq_len": seq, "flops_per_position": flops, "warmup_s": warmup_s,
+            "micro_batch_size": root.trainer.micro_batch_size, "precision": root.trainer.precision, "compiled": compiled,
             "achieved_flops_per_s": flops["total"] * positions / wall}
 
 
@@ -99,6 +122,9 @@ def main() -> None:
     p.add_argument("--cache-root", default="cache")
     p.add_argument("--data", default="synthetic", help="data config (synthetic needs no files)")
     p.add_argument("--out", type=Path, default=Path("docs/results/bench_train.json"))
+    p.add_argument("--tries", action="store_true",
+                   help="also the throughput tries of issue 34: micro-batches of 8 and 16 (the same steps, so "
+                        "more positions each), and torch.compile of the draft's forward")
     args = p.parse_args()
 
     base = compose(["model=smollm2_135m", "quant=mxfp4", f"data={args.data}", f"cache.root={args.cache_root}"])
@@ -116,17 +142,28 @@ def main() -> None:
         "fp32": {},
         "fp32 + QAT mxfp4": {"draft": {"quant": "mxfp4"}},
     }
+    best = {}
     if native_bf16():
-        variants["amp_bf16"] = {"trainer": {"precision": "amp_bf16"}}
+        best = {"trainer": {"precision": "amp_bf16"}}
+        variants["amp_bf16"] = best
+    if args.tries:
+        label = "amp_bf16" if best else "fp32"
+        for mb in (8, 16):
+            variants[f"{label} mb{mb}"] = {"trainer": {**best.get("trainer", {}), "micro_batch_size": mb}}
+        variants[f"{label} + compile"] = {**best, "compile": True}
     rows = [run_variant(base, cache_dir, n, o, args.steps, args.warmup) for n, o in variants.items()]
     for r in rows:
+        if "unavailable" in r:
+            print(f"{r['variant']}: unavailable ({r['unavailable']})")
+    rows_run = [r for r in rows if "unavailable" not in r]
+    for r in rows_run:
         r["mfu_vs_bf16_matmul"] = r["achieved_flops_per_s"] / rates["bf16"]
         r["mfu_vs_fp32_matmul"] = r["achieved_flops_per_s"] / rates["fp32"]
     print(f"\nmatmul rate 1024^3: bf16 {rates['bf16'] / 1e9:.1f} GFLOP/s, fp32 {rates['fp32'] / 1e9:.1f} GFLOP/s"
           f" ({torch.get_num_threads()} threads)")
     print(f"{'variant':20s} {'pos/s':>8s} {'loss tok/s':>10s} {'data wait':>9s} {'GFLOP/s':>8s} "
           f"{'MFU fp32':>8s} {'MFU bf16':>8s}")
-    for r in rows:
+    for r in rows_run:
         print(f"{r['variant']:20s} {r['positions_per_s']:8.1f} {r['loss_tokens_per_s']:10.1f} "
               f"{100 * r['data_wait_share']:8.1f}% {r['achieved_flops_per_s'] / 1e9:8.1f} "
               f"{100 * r['mfu_vs_fp32_matmul']:7.1f}% {100 * r['mfu_vs_bf16_matmul']:7.0f}%")

