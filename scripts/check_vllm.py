@@ -104,10 +104,13 @@ def save_dequantized(checkpoint: Path, out: Path) -> Path:
 
 
 def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: int,
-                draft_quant: str, dtype: torch.dtype = torch.float32) -> tuple[list, list[dict]]:
+                draft_quant: str, dtype: torch.dtype = torch.float32,
+                run_target: bool = True) -> tuple[list, list[dict]]:
     """(prompts, runs): specft's engine on the target at ``target_dir``, target alone then each
     k, ``batch`` prompts at a time (after one untimed warm-up round). A quantized export is
-    matched by fake-quantizing the draft the same way (weights and activations)."""
+    matched by fake-quantizing the draft the same way (weights and activations).
+    ``run_target``: the target is the run's own, so a quantized checkpoint's run-time input
+    quantization applies; a dequantized or re-saved one serves 16-bit activations."""
     from specft.config import aux_layer_ids
     from specft.decoding import SamplingConfig, SpecDecoder
     from specft.drafts import DRAFT_ARCHS
@@ -118,7 +121,7 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
 
     model_cfg = replace(cfg.model, source="hf", path=str(target_dir), gguf_file=None)
     target, tokenizer = load_target(model_cfg, dtype=dtype)
-    if cfg.quant.from_checkpoint:  # a quantized checkpoint: its run-time input quantization too
+    if run_target and cfg.quant.from_checkpoint:  # a quantized checkpoint: its run-time input quantization too
         from specft.quant import apply_quant
 
         apply_quant(target, cfg.quant)
@@ -238,7 +241,8 @@ def main() -> None:
             (export / "config.json").write_text(json.dumps(exported, indent=2))
 
     prompts, specft_runs = specft_side(cfg, target_dir, checkpoint, args.ks, args.batch, args.quant,
-                                       getattr(torch, args.dtype))
+                                       getattr(torch, args.dtype),
+                                       run_target=not args.dequantize and args.target_weights == "as-is")
     request = {"target": str(target_dir), "draft": str(export), "prompts": prompts, "ks": args.ks,
                "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "target_alone": True,
                "max_num_seqs": args.batch, "speculative": LAYOUTS.get(args.layout).vllm_speculative}
