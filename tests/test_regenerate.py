@@ -133,3 +133,21 @@ def test_a_fraction_is_answered_by_the_target_and_the_rest_keeps_its_text(tmp_pa
             assert conv[-1]["content"] != original[i][-1]["content"]
         else:
             assert conv == original[i]
+
+
+def test_every_rank_reads_the_others_answers_and_the_fixed_text(tmp_path):
+    """Online training reads every slice: stored answers where the target answered, the
+    dataset's text where it was kept (data.regenerate.fraction)."""
+    from specft.data.regenerate import _append, answered_by_target, read_all_answers
+
+    rc = RegenerateConfig(enabled=True, fraction=0.5, seed=3)
+    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}] for i in range(8)]
+    answered = answered_by_target(8, rc)
+    assert len(answered) == 4 and answered == answered_by_target(8, rc)
+    for rank in range(2):
+        records = [{"index": i, "messages": [convs[i][0], {"role": "assistant", "content": f"new{i}"}]}
+                   for i in sorted(answered) if i % 2 == rank]
+        _append(store_path(tmp_path, rank), records)
+    out = read_all_answers(tmp_path, convs, 2, rc)
+    for i, conv in enumerate(out):
+        assert conv[-1]["content"] == (f"new{i}" if i in answered else f"a{i}")
