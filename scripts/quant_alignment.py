@@ -74,7 +74,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from steps import GSM8K_VAL_FRACTION, SHARED, Steps, gsm8k_sharegpt_mix
+from steps import GSM8K_VAL_FRACTION, SHARED, Steps, gsm8k_sharegpt_mix, prompt_set
 
 from specft.eval.report import verdict
 
@@ -204,15 +204,13 @@ class Experiment:
                 print(f"[wait] for {label} at {path}", flush=True)
                 time.sleep(60)
         largest = a.batch_sizes.split(",")[-1]
-        heldout = {"gsm8k": (a.gsm8k, GSM8K_VAL_FRACTION), "sharegpt": (a.sharegpt, a.sharegpt_val_fraction)}
         runs = [(data, a.k, largest, a.eval_prompts) for data in a.eval_sets.split(",") if data]
         if a.latency_k:
             runs.append(("gsm8k", a.latency_k, a.batch_sizes.split(",")[0], a.latency_prompts or a.eval_prompts))
         for data, ks, batch, prompts in runs:
-            path, fraction = heldout[data]
             out = self.out / f"eval-{quant}-{data}-b{batch}"
-            args = ["eval", *self.target(quant), f"data={data}", f"data.path={path}",
-                    "data.split=validation", f"data.val_fraction={fraction}", f"eval.num_prompts={prompts}",
+            args = ["eval", *self.target(quant), *prompt_set(data, a.gsm8k, a.sharegpt, a.sharegpt_val_fraction),
+                    f"eval.num_prompts={prompts}",
                     f"eval.max_new_tokens={a.eval_tokens}", f"eval.k=[{ks}]", f"eval.batch_sizes=[{batch}]",
                     f"eval.drafts=[{','.join(str(p) for _, p in drafts)}]",
                     f"eval.labels=[{','.join(label for label, _ in drafts)}]",
@@ -395,7 +393,8 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--no-eval-alone", dest="eval_alone", action="store_false",
                    help="skip the target-alone rows (acceptance only: no latency comparison)")
     p.add_argument("--eval-sets", default="gsm8k,sharegpt",
-                   help="held-out prompt sets whose acceptance is evaluated at the largest batch ('' for none)")
+                   help="prompt sets whose acceptance is evaluated at the largest batch ('' for none): gsm8k, "
+                        "sharegpt (held-out sides), mtbench (all 80 MT-Bench questions, a source neither trains on)")
     p.add_argument("--latency-prompts", type=int, default=0,
                    help="held-out GSM8K prompts the smallest-batch latency eval decodes (0: --eval-prompts); "
                         "latency is a ratio of drafts timed side by side, acceptance CIs come from the larger run")

