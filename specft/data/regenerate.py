@@ -169,8 +169,9 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
     done = _load_store(path)
     rc = cfg.regenerate
     answered = answered_by_target(len(convs), rc)
-    mine = [i for i in range(rank, len(convs), world_size) if i in answered]
-    fixed = [i for i in range(rank, len(convs), world_size) if i not in answered]
+    my_slice = range(rank, len(convs), world_size)
+    mine = [i for i in my_slice if i in answered]
+    kept = {i for i in my_slice if i not in answered}  # data.regenerate.fraction: fixed text stays
     pending = [i for i in mine if i not in done]
     t0, tokens = time.perf_counter(), 0
     with progress_bar(len(mine), f"regenerate r{rank}", "conv", initial=len(mine) - len(pending)) as bar:
@@ -192,7 +193,6 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
         summary["regen_new_tokens"] += tokens
         summary["regen_ms"] += round(1000 * spent)
     summary["regenerated"] += len(mine)
-    if fixed:
-        summary["kept_fixed_text"] += len(fixed)
-    kept = set(fixed)
+    if kept:
+        summary["kept_fixed_text"] += len(kept)
     return [done[i] if i in done else convs[i] if i in kept else None for i in range(len(convs))]

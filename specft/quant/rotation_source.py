@@ -24,13 +24,19 @@ def rotation_matrix(source: str, size: int, field: str = "--rotation") -> tuple[
         folder = Path(source).expanduser().resolve()
         return _checked(_saved_matrix(folder, field), size, str(folder), field), {"checkpoint": str(folder)}
     from specft.quant.config import load_quant_config
-    from specft.quant.orthogonal import orthogonal
 
     rotation = load_quant_config(source, field).rotation
     if rotation is None or not rotation.residual:
         raise SpecftError(f"{field}: quant config {source!r} rotates no residual stream (no rotation.residual)")
+    return _rebuilt(source, rotation, size, field)
+
+
+def _rebuilt(quant_name: str, rotation, size: int, field: str) -> tuple[torch.Tensor, dict]:
+    """R1 of a quant config's rotation block, rebuilt from its kind and seed."""
+    from specft.quant.orthogonal import orthogonal
+
     return orthogonal(rotation.residual, size, rotation.seed, field), \
-        {"quant": source, "kind": rotation.residual, "seed": rotation.seed}
+        {"quant": quant_name, "kind": rotation.residual, "seed": rotation.seed}
 
 
 def _matrix_file(path: Path, size: int, field: str) -> torch.Tensor:
@@ -69,15 +75,12 @@ def served_rotation(cfg) -> tuple[torch.Tensor, dict]:
     """(R1 in float64, where it came from) for trainer.unrotate: ``target`` takes the quant
     config's rotation block or the checkpoint folder's saved matrix; anything else is a
     .safetensors file (or checkpoint folder) holding it."""
-    from specft.quant.orthogonal import orthogonal
-
     size, source = cfg.model.hidden_size, cfg.trainer.unrotate
     if source != "target":
         return rotation_matrix(source, size, "trainer.unrotate")
     rotation = getattr(cfg.quant, "rotation", None)
-    if rotation is not None and rotation.residual:
-        r1 = orthogonal(rotation.residual, size, rotation.seed, "trainer.unrotate")
-        return r1, {"quant": cfg.quant.name, "kind": rotation.residual, "seed": rotation.seed}
+    if rotation is not None and rotation.residual:  # the composed config: overrides included
+        return _rebuilt(cfg.quant.name, rotation, size, "trainer.unrotate")
     if cfg.quant.name == "checkpoint":
         return rotation_matrix(str(cfg.model.path), size, "trainer.unrotate")
     raise ConfigError(f"trainer.unrotate=target: the target (quant={cfg.quant.name}) rotates no residual stream; "

@@ -20,6 +20,7 @@ from specft.drafts.qat import apply_draft_qat
 from specft.drafts.vocab import coverage
 from specft.errors import SpecftError
 from specft.eval.stats import confidence
+from specft.export.rotation_fold import fold_into_eagle3
 from specft.export.verifier import VERIFIER_KEYS
 from specft.quant.config import load_quant_config
 from specft.quant.rotation_source import served_rotation
@@ -38,7 +39,7 @@ from specft.train.objective import StepResult, acceptance_length, target_view, t
 from specft.train.replay import replay_sample, step_hits
 from specft.train.schedule import warmup_cosine
 from specft.train.target_head import load_target_head
-from specft.train.unrotate import served_state, unrotated
+from specft.train.unrotate import unrotated
 from specft.train.vocab_prior import target_prior
 
 log = logging.getLogger(__name__)
@@ -243,7 +244,7 @@ class Trainer:
             return state
         meta = {"hidden_size": self.engine.module.config.hidden_size,
                 "target_hidden_size": self.cfg.model.hidden_size}
-        return served_state(state, meta, self.rotation[0])
+        return fold_into_eagle3(state, meta, self.rotation[0])
 
     def _resume(self) -> int:
         """The step to start from: the latest checkpoint's, or an older one's when the

@@ -8,7 +8,7 @@ residual stream's few large channels are spread over every coordinate. When R1 i
 scripts/recover_rotation.py), the readers here un-rotate everything stage 2 reads
 (x @ R1^T), so the draft trains in the basis it would on the 16-bit target, still on the
 quantized target's values. Every draft the run writes (checkpoints and final) is then
-folded with export/rotation_fold.py's fold_into_eagle3, so it reads the served, rotated
+folded with export/rotation_fold.py's fold_into_eagle3 (the trainer's _served), so it reads the served, rotated
 states with no further step; intermediate DeepSpeed states stay in the training basis.
 R1 comes from quant/rotation_source.py's served_rotation.
 
@@ -29,6 +29,9 @@ class UnrotatedFeatures:
 
     def __init__(self, reader, r1: torch.Tensor):
         self.reader, self.r1 = reader, r1
+        # R1^T once per working dtype: float64 inputs (the exactness tests) stay float64;
+        # cached bf16/float32 features take a float32 matmul on every fetch, not float64.
+        self._r1t = {torch.float64: r1.T.double(), torch.float32: r1.T.float()}
 
     def __getattr__(self, name):
         return getattr(self.reader, name)
@@ -39,8 +42,9 @@ class UnrotatedFeatures:
     def _back(self, x: torch.Tensor) -> torch.Tensor:
         """x @ R1^T on each H-wide block of the last dim (aux states concatenate layers)."""
         h = self.r1.shape[0]
-        blocks = x.double().reshape(*x.shape[:-1], x.shape[-1] // h, h)
-        return (blocks @ self.r1.T).reshape(x.shape).to(x.dtype)
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        blocks = x.to(work).reshape(*x.shape[:-1], x.shape[-1] // h, h)
+        return (blocks @ self._r1t[work]).reshape(x.shape).to(x.dtype)
 
     def for_epoch(self, epoch: int):
         view = self.reader.for_epoch(epoch)
@@ -73,9 +77,3 @@ def unrotated(reader, r1: torch.Tensor):
         return SourcesReader({source: UnrotatedFeatures(r, r1) for source, r in reader.readers.items()})
     return UnrotatedFeatures(reader, r1)
 
-
-def served_state(state: dict[str, torch.Tensor], meta: dict, r1: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The draft trained in the unrotated basis, folded to read the rotated target."""
-    from specft.export.rotation_fold import fold_into_eagle3
-
-    return fold_into_eagle3(state, meta, r1)
