@@ -7,9 +7,9 @@ residual stream's few large channels are spread over every coordinate. When R1 i
 (the quant config's rotation, the matrix the quantizer saved, or one recovered with
 scripts/recover_rotation.py), the readers here un-rotate everything stage 2 reads
 (x @ R1^T), so the draft trains in the basis it would on the 16-bit target, still on the
-quantized target's values. Every draft the run writes (checkpoints and final) is then
-folded with export/rotation_fold.py's fold_into_eagle3 (the trainer's _served), so it reads the served, rotated
-states with no further step; intermediate DeepSpeed states stay in the training basis.
+quantized target's values. The trainer (its _served) folds R1 into every draft it writes,
+checkpoints and final, with export/rotation_fold.py's fold_into_eagle3, so each reads the
+served, rotated states with no further step; DeepSpeed states stay in the training basis.
 R1 comes from quant/rotation_source.py's served_rotation.
 
 Exact in float64: features, embedding and head un-rotated by R1^T are the unrotated
