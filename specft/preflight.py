@@ -9,11 +9,14 @@ loads it), so what passes here does not fail later for the same reason.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 from specft.config import DataConfig, ModelConfig, RootConfig
 from specft.errors import SpecftError
 from specft.paths import models_dir, require_writable_dir, specft_home
+
+log = logging.getLogger(__name__)
 
 # Model sources that read model.path (target/loader.py MODEL_SOURCES); the others build
 # or convert their model under SPECFT_HOME and would ignore it.
@@ -124,6 +127,19 @@ def check_writable_places(root: RootConfig, command: str) -> None:
         require_writable_dir(models_dir(), "SPECFT_HOME (where specft builds local models)")
 
 
+def warn_emulated_bf16(precision: str) -> bool:
+    """A bf16 draft on a device that only emulates bf16 (a CPU without AVX512-BF16 or AMX)
+    trains several times slower than in float32: warn, since it still trains correctly.
+    True when it warned."""
+    from specft.device import native_bf16
+
+    if precision not in ("bf16", "amp_bf16") or native_bf16():
+        return False
+    log.warning("trainer.precision=%s: this device has no native bfloat16 (on CPU: AVX512-BF16 or AMX), "
+                "so bf16 is emulated and slower than trainer.precision=fp32", precision)
+    return True
+
+
 def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None:
     """Every check a job's inputs must pass, cheapest first; raises SpecftError."""
     from specft.rundir import check_resume
@@ -139,6 +155,8 @@ def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None
         served_rotation(root)  # an unknown or bad R1, before stage 1 runs
     if command != "eval":
         check_resume(Path(root.run_dir), cfg_dict)
+    if command == "train":
+        warn_emulated_bf16(root.trainer.precision)
     checkpoints = Path(root.run_dir) / "checkpoints"
     if command == "train" and root.trainer.resume and checkpoints.is_dir():
         from specft.train.checkpoint import latest_tag

@@ -89,3 +89,17 @@ def test_config_resolves_auto_before_anything_is_keyed(monkeypatch):
     assert (native.model.dtype, native.eval.dtype) == ("bfloat16", "bfloat16")
     assert root_cfg("model=smollm2_135m", "eval.dtype=float64").eval.dtype == "float64"
     assert cache_key(plain.model) != cache_key(native.model)
+
+
+@pytest.mark.parametrize("native,precision,warns", [(False, "amp_bf16", True), (False, "bf16", True),
+                                                    (False, "fp32", False), (True, "amp_bf16", False)])
+def test_bf16_training_without_native_bf16_is_warned(monkeypatch, caplog, native, precision, warns):
+    import torch
+
+    from specft.preflight import warn_emulated_bf16
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with caplog.at_level("WARNING", logger="specft.preflight"):
+        assert warn_emulated_bf16(precision) == warns
+    assert ("no native bfloat16" in caplog.text) == warns
