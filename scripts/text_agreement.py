@@ -128,7 +128,7 @@ def main() -> None:
     count = min(len(reader), a.max_samples or len(reader))
     rows = []
     with torch.no_grad():
-        for i in tqdm(range(count), desc="score", unit="conv"):
+        for i in tqdm(range(count), desc="score", unit="conv", mininterval=10):
             sample = reader[i]
             source = sources.get(_fingerprint(sample["input_ids"]), "unmatched")
             rows.append({"index": i, "source": source, **score_sample(sample, head, a.vocab_chunk)})
