@@ -20,6 +20,7 @@ CACHE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 # amp_bf16: float32 weights, the draft's forward under bf16 autocast (fast only where the
 # device computes bf16 natively: device.native_bf16).
 PRECISIONS = ("fp32", "bf16", "amp_bf16")
+GSM8K_ANSWERS = ("clean",)  # data.gsm8k_answers (null: as written)
 VAL_DATA = ("split", "heldout")
 VOCAB_FILLS = ("seen", "prior")
 DRAFT_INITS = ("random", "target_layer")
@@ -89,6 +90,10 @@ class DataConfig:
     min_turns: int = 2  # messages, system excluded
     max_turns: int | None = None
     min_response_chars: int = 1
+    # name=gsm8k: null keeps the reference solutions as written; clean drops their
+    # <<48/2=24>> calculator notes and writes the closing "#### 72" as "The answer is 72."
+    # (text a chat model would write, for training on fixed text).
+    gsm8k_answers: str | None = None
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
     # name=mix: several sources in one run, each a dict of the fields above that differ
     # (name, path, num_samples, max_turns, ...); each is selected on its own, then joined.

@@ -17,6 +17,7 @@ from specft.config import (
     DTYPES,
     EVAL_DTYPES,
     FEATURE_SOURCES,
+    GSM8K_ANSWERS,
     MODEL_FAMILIES,
     MODEL_SOURCES,
     PRECISIONS,
@@ -363,6 +364,8 @@ def _validate_data(d: DataConfig) -> None:
         raise ConfigError(f"data.path: required for data.name={d.name}")
     _choice(d.split, SPLITS, "data.split")
     _choice(d.overlength, ("truncate", "drop"), "data.overlength")
+    if d.gsm8k_answers is not None:
+        _choice(d.gsm8k_answers, GSM8K_ANSWERS, "data.gsm8k_answers")
     if not 0.0 <= d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction: must be in [0, 1), got {d.val_fraction}")
     if d.split == "validation" and d.val_fraction == 0:

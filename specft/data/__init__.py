@@ -10,7 +10,7 @@ import random
 from specft.config import DataConfig
 from specft.data.records import Conversation, DataSummary
 from specft.data.select import select_conversations, with_system_prompt
-from specft.data.sources import DATA_SOURCES
+from specft.data.sources import DATA_SOURCES, rewrite_answers
 from specft.data.template import Sample, tokenize_conversation
 from specft.errors import ConfigError, SpecftError
 
@@ -24,7 +24,7 @@ def load_conversations(cfg: DataConfig, summary: DataSummary | None = None) -> l
         convs = _load_mix(cfg, summary)
     else:
         source = DATA_SOURCES.get(cfg.name, "data.name")
-        convs = select_conversations(source(cfg, summary), cfg, summary)
+        convs = rewrite_answers(select_conversations(source(cfg, summary), cfg, summary), cfg)
     if not convs:
         raise SpecftError(f"data: no usable conversations from data.name={cfg.name} path={cfg.path} "
                           f"split={cfg.split}; {summary.line()}")
@@ -71,7 +71,7 @@ def _load_mix(cfg: DataConfig, summary: DataSummary) -> list[Conversation]:
     convs: list[Conversation] = []
     for member in mix_members(cfg):
         source = DATA_SOURCES.get(member.name, "data.mix.name")
-        part = select_conversations(source(member, summary), member, summary)
+        part = rewrite_answers(select_conversations(source(member, summary), member, summary), member)
         summary[f"from_{member.name}"] += len(part)
         convs += part
     random.Random(cfg.seed).shuffle(convs)

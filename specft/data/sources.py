@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +80,26 @@ def sharegpt_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversat
             yield record_to_conversation({"conversations": rec["conversations"]}, cfg)
         else:
             yield "unknown_record"
+
+
+CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")
+FINAL_ANSWER = re.compile(r"\n?#### *(.+?)\s*$")
+
+
+def clean_gsm8k_answer(answer: str) -> str:
+    """A GSM8K reference solution as a chat model would write it: without the <<a*b=c>>
+    calculator notes, its closing "#### N" as a sentence."""
+    return FINAL_ANSWER.sub(lambda m: f"\nThe answer is {m.group(1)}.", CALCULATOR_NOTE.sub("", answer))
+
+
+def rewrite_answers(convs: list[Conversation], cfg: DataConfig) -> list[Conversation]:
+    """data.gsm8k_answers=clean, applied after selection: the split and dedup hash the
+    records as written, so cleaning never moves a conversation between train and
+    validation, and a clean run trains on the same questions in the same order."""
+    if cfg.name != "gsm8k" or cfg.gsm8k_answers != "clean":
+        return convs
+    return [[{**m, "content": clean_gsm8k_answer(m["content"])} if m["role"] == "assistant" else m for m in conv]
+            for conv in convs]
 
 
 @DATA_SOURCES.register("gsm8k")
