@@ -377,5 +377,14 @@ def test_gsm8k_answers_clean_drops_calculator_notes(tmp_path):
                                              "data.val_fraction=0.3", *extra).data)
                  for extra in ([], ["data.gsm8k_answers=clean"])]
         assert [c[0] for c in sides[0]] == [c[0] for c in sides[1]] and sides[0] != sides[1]
+    # The held-out side is answered by the target: its cache is the one without the rewrite.
+    from specft.data.select import heldout_sides
+
+    def sides(*extra):
+        return heldout_sides(root_cfg("data=mix", f"data.mix=[{{name: gsm8k, path: '{many}'{''.join(extra)}}}]",
+                                      "data.split=train").data, 8)
+
+    assert {k: cache_key(v) for k, v in sides(", gsm8k_answers: clean").items()} == \
+        {k: cache_key(v) for k, v in sides().items()}
     with pytest.raises(ConfigError, match="data.gsm8k_answers"):
         root_cfg("data=gsm8k", f"data.path={gsm}", "data.gsm8k_answers=tidy")
