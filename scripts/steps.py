@@ -15,11 +15,13 @@ GSM8K_VAL_FRACTION = 0.1  # GSM8K's held-out share: training's split and eval's 
 
 
 def gsm8k_sharegpt_mix(gsm8k: Path, gsm8k_samples: int, sharegpt: Path, sharegpt_samples: int,
-                       max_turns: int, val_fraction: float) -> str:
+                       max_turns: int, val_fraction: float, gsm8k_answers: str | None = None) -> str:
     """The `data.mix` override of GSM8K train (and the ShareGPT sample's train side when
     sharegpt_samples > 0), written one way for every script: the data config keys the
-    cache, so scripts reuse each other's caches only when they name the data alike."""
-    members = [f"{{name: gsm8k, path: '{gsm8k}', num_samples: {gsm8k_samples}}}"]
+    cache, so scripts reuse each other's caches only when they name the data alike.
+    ``gsm8k_answers``: data.gsm8k_answers of the GSM8K member (clean), unset when None."""
+    rewrite = f", gsm8k_answers: {gsm8k_answers}" if gsm8k_answers else ""
+    members = [f"{{name: gsm8k, path: '{gsm8k}', num_samples: {gsm8k_samples}{rewrite}}}"]
     if sharegpt_samples:
         members.append(f"{{name: sharegpt, path: '{sharegpt}', num_samples: {sharegpt_samples}, "
                        f"max_turns: {max_turns}, val_fraction: {val_fraction}}}")
