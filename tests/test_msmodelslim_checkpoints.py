@@ -53,10 +53,23 @@ def test_static_input_codes_agree_with_msmodelslims_quantize():
     assert (ours != ref).sum() <= 1 and (ours - ref).abs().max() <= 1
 
 
+# The oracles were computed where PyTorch dispatches its float kernels at AVX512. On
+# another level (AVX2) float32 sums round differently in the last bit, and a dynamic int8
+# code that lands on a rounding edge can flip and carry a small difference downstream.
+ORACLE_CPU_CAPABILITY = "AVX512"
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_hidden_states_logits_and_greedy_tokens_equal_the_oracle(name, monkeypatch):
-    """Bit for bit. For W8A8 with msModelSlim's division for the input codes (the fused
-    kernel's); the test above bounds what vllm-ascend's reciprocal changes."""
+    """Bit for bit on the oracle's kernel level. For W8A8 with msModelSlim's division for
+    the input codes (the fused kernel's); the test above bounds what vllm-ascend's
+    reciprocal changes. Elsewhere: the first layer within float32 rounding, every layer
+    and the logits within a few int8 code flips (2.7e-2 seen on the QuaRot checkpoint on
+    AVX2, below 1e-6 on the others), and the same greedy tokens."""
     monkeypatch.setattr(StaticInt8Codes, "divide", True)
     oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
     model, tokenizer, _ = checkpoint_model(FIXTURES / name)
@@ -64,10 +77,17 @@ def test_hidden_states_logits_and_greedy_tokens_equal_the_oracle(name, monkeypat
         out = model(oracle["input_ids"], output_hidden_states=True)
         greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
                                 oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    for i, h in enumerate(out.hidden_states[1:]):
-        assert torch.equal(h, oracle[f"hidden.{i}"]), (name, i)
-    assert torch.equal(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"])
+    logits = out.logits[:, -oracle["logits"].shape[1]:]
     assert torch.equal(greedy, oracle["greedy"])
+    if torch.backends.cpu.get_cpu_capability() == ORACLE_CPU_CAPABILITY:
+        for i, h in enumerate(out.hidden_states[1:]):
+            assert torch.equal(h, oracle[f"hidden.{i}"]), (name, i)
+        assert torch.equal(logits, oracle["logits"])
+        return
+    assert _relative(out.hidden_states[1], oracle["hidden.0"]) < 1e-6
+    for i, h in enumerate(out.hidden_states[1:]):
+        assert _relative(h, oracle[f"hidden.{i}"]) < 5e-2, (name, i)
+    assert _relative(logits, oracle["logits"]) < 5e-2
 
 
 def test_the_integer_matmul_is_exact_on_either_path(monkeypatch):
