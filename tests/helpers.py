@@ -79,6 +79,15 @@ def checkpoint_model(path):
     return model.eval(), tokenizer, report
 
 
+def on_oracle_kernels() -> bool:
+    """Whether PyTorch dispatches its CPU float kernels at the level the checkpoint oracles
+    were computed on (AVX512). Elsewhere (AVX2) float32 sums round otherwise in the last
+    bit, and a dynamic int8 code on a rounding edge can flip and carry downstream."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 def max_rel(a, b) -> float:
     """max |a - b| / max |b|, in float64."""
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
