@@ -64,6 +64,9 @@ class RegenerateConfig:
     # The share of conversations the target answers (a seeded choice); the rest keep the
     # dataset's fixed text, cached at teacher-forced speed. null: all of them.
     fraction: float | None = None
+    # Reuse answers that other caches in cache.root made for the same questions under the
+    # same target and generation settings (data/answer_store.py); false answers afresh.
+    reuse: bool = True
 
 
 @dataclass

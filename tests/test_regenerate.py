@@ -138,7 +138,8 @@ def test_a_fraction_is_answered_by_the_target_and_the_rest_keeps_its_text(tmp_pa
 def test_every_rank_reads_the_others_answers_and_the_fixed_text(tmp_path):
     """Online training reads every slice: stored answers where the target answered, the
     dataset's text where it was kept (data.regenerate.fraction)."""
-    from specft.data.regenerate import _append, answered_by_target, read_all_answers
+    from specft.data.answer_store import append_store
+    from specft.data.regenerate import answered_by_target, read_all_answers
 
     rc = RegenerateConfig(enabled=True, fraction=0.5, seed=3)
     convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}] for i in range(8)]
@@ -147,7 +148,71 @@ def test_every_rank_reads_the_others_answers_and_the_fixed_text(tmp_path):
     for rank in range(2):
         records = [{"index": i, "messages": [convs[i][0], {"role": "assistant", "content": f"new{i}"}]}
                    for i in sorted(answered) if i % 2 == rank]
-        _append(store_path(tmp_path, rank), records)
+        append_store(store_path(tmp_path, rank), records)
     out = read_all_answers(tmp_path, convs, 2, rc)
     for i, conv in enumerate(out):
         assert conv[-1]["content"] == (f"new{i}" if i in answered else f"a{i}")
+
+
+def _no_generation(monkeypatch):
+    monkeypatch.setattr("specft.data.regenerate.generate_batch",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("generated again")))
+
+
+def test_a_larger_cache_reuses_the_answers_a_smaller_one_stored(tmp_path, monkeypatch):
+    """A cache for more samples of the same data asks the target only what no cache next
+    to it has answered under the same target and settings; the answers it takes are the
+    ones stored there, matched by question, whatever their index."""
+    small_dir = ensure_cache(_cfg(tmp_path, "data.num_samples=4"))
+    small = {json.dumps(r["messages"][:-1]): r["messages"]
+             for r in map(json.loads, store_path(small_dir, 0).read_text().splitlines())}
+    asked = []
+    real = generate_batch
+
+    def counting(model_, tok_, prompts, rc, seed, **kwargs):
+        asked.append(len(prompts))
+        return real(model_, tok_, prompts, rc, seed, **kwargs)
+
+    monkeypatch.setattr("specft.data.regenerate.generate_batch", counting)
+    cfg = _cfg(tmp_path, "data.num_samples=6")
+    big_dir = ensure_cache(cfg)
+    assert big_dir != small_dir
+    summary = CacheReader(big_dir).manifest["data_summary"]
+    stored = [json.loads(line) for line in store_path(big_dir, 0).read_text().splitlines()]
+    reused = [r for r in stored if json.dumps(r["messages"][:-1]) in small]
+    assert summary["regen_reused"] == len(reused) > 0 and summary["regen_reused_tokens"] > 0
+    assert sum(asked) == 6 - len(reused)  # only the new questions were asked
+    for r in reused:
+        assert r["messages"] == small[json.dumps(r["messages"][:-1])]
+    assert sorted(r["index"] for r in stored) == list(range(6))
+
+
+def test_answers_are_not_reused_across_targets_settings_or_when_turned_off(tmp_path, monkeypatch):
+    ensure_cache(_cfg(tmp_path))
+    for other in ("quant=fp8", "data.regenerate.max_new_tokens=8", "data.regenerate.reuse=false"):
+        cfg = _cfg(tmp_path, other, "data.num_samples=5")
+        cache_dir, _, _ = locate_cache(cfg)
+        monkeypatch.undo()
+        ensure_cache(cfg)
+        summary = CacheReader(cache_dir).manifest["data_summary"]
+        assert summary.get("regen_reused", 0) == 0, other
+        assert summary["regen_new_tokens"] > 0, other
+    # The same settings under another share (data.regenerate.fraction) do reuse, and
+    # generate nothing: every chosen question was answered by the first cache.
+    _no_generation(monkeypatch)
+    cfg = _cfg(tmp_path, "data.regenerate.fraction=0.5")
+    summary = CacheReader(ensure_cache(cfg)).manifest["data_summary"]
+    assert summary["regen_reused"] == 3 and summary.get("regen_new_tokens", 0) == 0
+
+
+def test_a_killed_runs_answers_are_found_by_their_mark(tmp_path, monkeypatch):
+    """Answers of a cache that never finished (no manifest) are reusable: the directory
+    is marked with its answer key when regeneration starts."""
+    from specft.data.answer_store import KEY_FILE
+
+    first = ensure_cache(_cfg(tmp_path))
+    (first / "manifest.json").unlink()
+    assert (first / KEY_FILE).exists()
+    _no_generation(monkeypatch)
+    summary = CacheReader(ensure_cache(_cfg(tmp_path, "data.regenerate.fraction=0.5"))).manifest["data_summary"]
+    assert summary["regen_reused"] == 3

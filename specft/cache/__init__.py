@@ -76,15 +76,18 @@ def serve_target(cfg: RootConfig, rank: int, world_size: int, convs, tokenizer) 
 
 def served_samples(cfg: RootConfig, target: ServedTarget, convs, regen_dir: Path, summary) -> list:
     """The data's samples as the target serves them: its own answers first when
-    data.regenerate is on (resumable, kept in ``regen_dir``); None where a sample is
-    skipped or, with several data slices, another rank's."""
+    data.regenerate is on (resumable, kept in ``regen_dir``, reusing what caches next to
+    it answered under the same target and settings); None where a sample is skipped or,
+    with several data slices, another rank's."""
     from specft.data import tokenize_all
+    from specft.data.answer_store import answer_key
     from specft.data.regenerate import regenerate
 
     p = target.placed
     if cfg.data.regenerate.enabled:
+        key = answer_key(build_provenance(cfg, target.tokenizer))
         convs = regenerate(target.model, target.tokenizer, convs, cfg.data, regen_dir, p.data_rank,
-                           p.data_world, summary, p.writer, p.lockstep)
+                           p.data_world, summary, p.writer, p.lockstep, answer_key=key)
     return tokenize_all(convs, target.tokenizer, cfg.data, summary)
 
 

@@ -48,7 +48,7 @@ NOT_KEYED: dict[type, dict[str, str]] = {
                       "experts_top_k", "tie_word_embeddings")
     } | {"aux_layer_ids": "keyed resolved, as the provenance's aux_layer_ids"},
     DataConfig: {},
-    RegenerateConfig: {},
+    RegenerateConfig: {"reuse": "reused answers are the same target's answers under the same settings"},
     # Only conf/quant/checkpoint.yaml sets it, whose name is keyed; what the checkpoint
     # quantizes is in the checkpoint fingerprint (its config.json and weight files).
     # Keying it would rename every existing cache.

@@ -47,6 +47,9 @@ class DataSummary(Counter):
         if self["regen_ms"]:
             speed = (f"; regenerated {self['regen_new_tokens']} new tokens at "
                      f"{self['regen_new_tokens'] / (self['regen_ms'] / 1000):.1f} tok/s (summed over ranks)")
+        if self["regen_reused"]:
+            speed += (f"; reused {self['regen_reused']} answers ({self['regen_reused_tokens']} tokens) "
+                      "from caches of the same target")
         return (f"data: {self['records']} records read, {self['samples']} samples kept"
                 + (f" ({kept})" if kept else "") + f"; skipped: {skipped}{speed}")
 

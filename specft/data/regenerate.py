@@ -14,38 +14,21 @@ the mixes of issue 34's data-per-CPU-hour study.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from specft.config import DataConfig, RegenerateConfig
+from specft.data import answer_store
+from specft.data.answer_store import append_store, load_store, store_path
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
 from specft.progress import progress_bar
 from specft.target_model.loader import left_pad, stop_token_ids
 
 log = logging.getLogger(__name__)
-
-
-def store_path(cache_dir: Path, rank: int) -> Path:
-    return cache_dir / f"regenerated-r{rank:03d}.jsonl"
-
-
-def _load_store(path: Path) -> dict[int, Conversation]:
-    """Finished conversations; a line cut short by a kill is ignored (it is redone)."""
-    done = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rec = json.loads(line)
-                done[int(rec["index"])] = rec["messages"]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
-    return done
 
 
 def answered_by_target(count: int, rc: RegenerateConfig) -> set[int]:
@@ -64,17 +47,9 @@ def read_all_answers(cache_dir: Path, convs: list[Conversation], world_size: int
     needs when it may read any sample (online training)."""
     done: dict[int, Conversation] = {}
     for rank in range(world_size):
-        done.update(_load_store(store_path(cache_dir, rank)))
+        done.update(load_store(store_path(cache_dir, rank)))
     answered = answered_by_target(len(convs), rc)
     return [done.get(i) if i in answered else convs[i] for i in range(len(convs))]
-
-
-def _append(path: Path, records: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 @torch.no_grad()
@@ -145,15 +120,16 @@ def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: Data
 
 def regenerate(model, tokenizer, convs: list[Conversation], cfg: DataConfig, cache_dir: Path,
                rank: int = 0, world_size: int = 1, summary: DataSummary | None = None,
-               writes: bool = True, lockstep=None) -> list[Conversation | None]:
+               writes: bool = True, lockstep=None, answer_key: str | None = None) -> list[Conversation | None]:
     """Answer this data slice's conversations (``rank`` of ``world_size`` slices); see
-    CacheWriter for ``writes`` and ``lockstep``."""
+    CacheWriter for ``writes`` and ``lockstep``. With an ``answer_key`` (answer_store),
+    answers stored under that key by other caches in ``cache_dir``'s parent are reused."""
     from specft.target_model.sharding import Lockstep
 
     lockstep = lockstep or Lockstep(False)
     try:
         return _regenerate(model, tokenizer, convs, cfg, cache_dir, rank, world_size,
-                           summary if summary is not None else DataSummary(), writes, lockstep)
+                           summary if summary is not None else DataSummary(), writes, lockstep, answer_key)
     finally:  # out of work: keep joining the other ranks' generation until all are done
         eos = tokenizer.eos_token_id or 0
         lockstep.drain(lambda: generate_batch(model, tokenizer, [[eos]], _ONE_TOKEN, 0, synced=True))
@@ -162,17 +138,47 @@ def regenerate(model, tokenizer, convs: list[Conversation], cfg: DataConfig, cac
 _ONE_TOKEN = RegenerateConfig(max_new_tokens=1)
 
 
+def _reuse(convs, pending: list[int], cache_dir: Path, key: str, tokenizer,
+           summary: DataSummary) -> dict[int, Conversation]:
+    """The pending conversations another cache under the same answer key has answered."""
+    stored = answer_store.reusable_answers(cache_dir, key)
+    if not stored:
+        return {}
+    found = {}
+    for i in pending:
+        conv = stored.get(answer_store.conversation_digest(convs[i]))
+        if conv is not None:
+            found[i] = conv
+    if found:
+        # Their token count, re-tokenized from the stored text (what stage 1 will read).
+        tokens = sum(len(tokenizer(m["content"], add_special_tokens=False)["input_ids"])
+                     for c in found.values() for m in c if m["role"] == "assistant" and m["content"])
+        summary["regen_reused"] += len(found)
+        summary["regen_reused_tokens"] += tokens
+        log.info("regenerate: reusing %d answers (%d tokens) stored by caches next to %s",
+                 len(found), tokens, cache_dir.name)
+    return found
+
+
 def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank: int, world_size: int,
-                summary: DataSummary, writes: bool, lockstep) -> list[Conversation | None]:
+                summary: DataSummary, writes: bool, lockstep, key: str | None) -> list[Conversation | None]:
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = store_path(cache_dir, rank)
-    done = _load_store(path)
+    done = load_store(path)
     rc = cfg.regenerate
     answered = answered_by_target(len(convs), rc)
     my_slice = range(rank, len(convs), world_size)
     mine = [i for i in my_slice if i in answered]
     kept = {i for i in my_slice if i not in answered}  # data.regenerate.fraction: fixed text stays
     pending = [i for i in mine if i not in done]
+    if key is not None and cfg.regenerate.reuse:
+        if writes:
+            answer_store.mark(cache_dir, key)
+        reused = _reuse(convs, pending, cache_dir, key, tokenizer, summary)
+        if writes and reused:
+            append_store(path, [{"index": i, "messages": c} for i, c in reused.items()])
+        done.update(reused)
+        pending = [i for i in pending if i not in reused]
     t0, tokens = time.perf_counter(), 0
     with progress_bar(len(mine), f"regenerate r{rank}", "conv", initial=len(mine) - len(pending)) as bar:
         for start in range(0, len(pending), rc.batch_size):
@@ -180,7 +186,7 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
             answered, n = _answer_conversations(model, tokenizer, [convs[i] for i in batch], cfg,
                                                 rc.seed + batch[0], summary, lockstep)
             if writes:
-                _append(path, [{"index": i, "messages": c} for i, c in zip(batch, answered)])
+                append_store(path, [{"index": i, "messages": c} for i, c in zip(batch, answered)])
             done.update(zip(batch, answered))
             tokens += n
             bar.update(len(batch))
