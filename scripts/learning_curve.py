@@ -7,7 +7,8 @@ quantized target), on held-out GSM8K, with 95% CIs and the paired difference per
 
 Each budget is one `scripts/quant_alignment.py` experiment (GSM8K train only, regenerated
 by each target; training steps grow with the data, so every budget sees the same number of
-epochs) under <out-dir>/budget-<samples>, caches included. --regen-fraction 0 trains every
+epochs) under <out-dir>/budget-<samples>, its caches under <out-dir>/cache: one root, so a
+budget reuses the answers the smaller ones regenerated (data.regenerate.reuse). --regen-fraction 0 trains every
 draft (the 16-bit recipe's too) on the reference solutions as written instead, with the
 loss on each target's distribution over them (issue 34's fixed text); a fraction between
 mixes the two. Tokens are counted apart: those the target wrote and those kept as written.
@@ -46,8 +47,12 @@ def budget_args(a: argparse.Namespace, samples: int) -> list[str]:
 
 
 def cache_root(a: argparse.Namespace, samples: int) -> Path:
-    """The budget's caches: its own, or those of the curve --cache-from names (same data)."""
-    return (a.cache_from or a.out_dir) / f"budget-{samples}" / "cache"
+    """The curve's caches, or those of the curve --cache-from names (same data). One root
+    for every budget, so a larger budget reuses the answers a smaller one regenerated
+    (data.regenerate.reuse); a curve begun when each budget had its own root keeps it."""
+    base = a.cache_from or a.out_dir
+    own = base / f"budget-{samples}" / "cache"
+    return own if own.is_dir() else base / "cache"
 
 
 def tokens(a: argparse.Namespace, samples: int, run: str) -> dict:

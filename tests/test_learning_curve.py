@@ -31,3 +31,18 @@ def test_projection_needs_two_budgets_and_a_rising_line():
     assert projection([_row(10_000, 0.2)], "specft", "mxfp4") is None
     assert projection([_row(10_000, 0.3), _row(100_000, 0.2)], "specft", "mxfp4") is None
     assert projection([_row(10_000, 0.2), _row(100_000, 0.3)], "baseline", "mxfp4") is None
+
+
+def test_budgets_share_one_cache_root_unless_a_budget_already_has_its_own(tmp_path):
+    """One root lets a larger budget reuse the answers a smaller one regenerated; a curve
+    begun with a root per budget keeps finding its caches."""
+    import argparse
+
+    from learning_curve import cache_root
+
+    a = argparse.Namespace(out_dir=tmp_path, cache_from=None)
+    assert cache_root(a, 520) == cache_root(a, 1040) == tmp_path / "cache"
+    (tmp_path / "budget-52" / "cache").mkdir(parents=True)
+    assert cache_root(a, 52) == tmp_path / "budget-52" / "cache"
+    other = tmp_path / "other"
+    assert cache_root(argparse.Namespace(out_dir=tmp_path, cache_from=other), 520) == other / "cache"
