@@ -160,15 +160,20 @@ def test_float32_bit_rounding_matches_ml_dtypes_on_every_midpoint(name):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("scheme,fmt", [("token", "e4m3"), ("channel", "e4m3"), ("token", "e5m2"), ("token", "e2m1")])
-def test_rowwise_fast_path_equals_the_general_path(dtype, scheme, fmt):
+@pytest.mark.parametrize("shape", [(64, 96), (3, 700, 400)], ids=["small", "prefill-sized"])
+def test_rowwise_fast_path_equals_the_general_path(dtype, scheme, fmt, shape):
     """Per-row float formats take a fused float32 path (also for bfloat16 and float16
     inputs, computed in float32); the general path (taken when a clip mask is wanted)
-    is the reference, bit for bit."""
-    from specft.quant.fake_quant import TensorQuantSpec, fake_quant, quantize_with_clip_mask
+    is the reference, bit for bit. A prefill-sized input goes through in pieces of rows
+    (ROWWISE_CHUNK_ELEMENTS; 2,100 rows here, an uneven last piece)."""
+    from specft.quant.fake_quant import ROWWISE_CHUNK_ELEMENTS, TensorQuantSpec, fake_quant, quantize_with_clip_mask
 
     g = torch.Generator().manual_seed(3)
-    x = (torch.randn(64, 96, generator=g) * torch.logspace(-3, 3, 64)[:, None]).to(dtype)
-    x[5] = 0  # an all-zero row keeps scale 1
+    rows = shape[0] if len(shape) == 2 else shape[0] * shape[1]
+    scales = torch.logspace(-3, 3, rows).reshape(*shape[:-1], 1)
+    x = (torch.randn(*shape, generator=g) * scales).to(dtype)
+    x.view(-1, shape[-1])[5] = 0  # an all-zero row keeps scale 1
+    assert (x.numel() > 2 * ROWWISE_CHUNK_ELEMENTS) == (len(shape) == 3)
     spec = TensorQuantSpec(format=fmt, scheme=scheme)
     fast = fake_quant(x, spec)
     general, _ = quantize_with_clip_mask(x, spec)

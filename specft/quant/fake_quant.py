@@ -206,11 +206,29 @@ def _quantize_symmetric(v, scale, fmt, want_mask: bool = True):
     return fmt.round(scaled) * scale, clipped
 
 
+# Rows fake-quantized together on the fast path: ~1 MB of float32. A prefill's linear
+# inputs (thousands of tokens x 1,536) made every temporary tens of MB: each one a fresh
+# mapping that page-faults on every touch, out of cache. Measured 4x faster in pieces.
+ROWWISE_CHUNK_ELEMENTS = 1 << 18
+
+
 def _rowwise_float32(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """Per-row (token / channel) fake quantization of a float32 tensor onto a float grid:
     the same operations as the general path (amax, the scale, divide, round, rescale)
     with no clip mask and no extra copies. This is every linear input of an
-    FP8-activation target at every decode step."""
+    FP8-activation target at every decode step, and of every prefill, in pieces of
+    rows: each row is quantized on its own, so the pieces give the same numbers."""
+    rows = max(1, ROWWISE_CHUNK_ELEMENTS // max(x.shape[-1], 1))
+    if x.numel() <= 2 * ROWWISE_CHUNK_ELEMENTS or x.dim() < 2:
+        return _rowwise_piece(x, fmt)
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.empty_like(flat)
+    for start in range(0, flat.shape[0], rows):
+        out[start: start + rows] = _rowwise_piece(flat[start: start + rows], fmt)
+    return out.view(x.shape)
+
+
+def _rowwise_piece(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     scale = _absmax_scale(x, (-1,), None, fmt, x)
     return fmt.round_float32(torch.div(x, scale)).mul_(scale)
 
