@@ -166,7 +166,12 @@ def test_rowwise_fast_path_equals_the_general_path(dtype, scheme, fmt, shape):
     inputs, computed in float32); the general path (taken when a clip mask is wanted)
     is the reference, bit for bit. A prefill-sized input goes through in pieces of rows
     (ROWWISE_CHUNK_ELEMENTS; 2,100 rows here, an uneven last piece)."""
-    from specft.quant.fake_quant import ROWWISE_CHUNK_ELEMENTS, TensorQuantSpec, fake_quant, quantize_with_clip_mask
+    from specft.quant.fake_quant import (
+        ROWWISE_CHUNK_ELEMENTS,
+        TensorQuantSpec,
+        fake_quant,
+        quantize_with_clip_mask,
+    )
 
     g = torch.Generator().manual_seed(3)
     rows = shape[0] if len(shape) == 2 else shape[0] * shape[1]
