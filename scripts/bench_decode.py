@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -457,7 +458,9 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
         extra["decode_tok_s"] = res["tokens"] / res["decode_s"]
         extra["decode_vs_fp32_roofline"] = extra["decode_tok_s"] / roof["gemm_fp32_tok_s"]
         row = add(path, res, **extra)
-        row["answers_digest"] = hash(str(res["answers"])) & 0xFFFFFFFF
+        # crc32, not hash(): str hashes are salted per process, and the digest is compared
+        # across processes (the --against checkout runs in its own).
+        row["answers_digest"] = zlib.crc32(str(res["answers"]).encode())
         if timer is not None:
             row["profile"] = profile_rows(timer, res["seconds"])
     if "spec" in args.paths:
