@@ -210,7 +210,8 @@ def _task(command: str, tally: JobTally | None = None):
 
 def _cache_locks(root, command: str, stack) -> None:
     """Lock every cache this job will build (not those complete already, which it only
-    reads): two builds of one cache would write the same shards."""
+    reads): two builds of one cache would write the same shards. cache.wait=true waits
+    for another builder instead of refusing; if that one finished the cache, it is read."""
     from specft.cache import locate_cache
     from specft.cache.writer import cache_is_complete
     from specft.lock import dir_lock
@@ -218,8 +219,13 @@ def _cache_locks(root, command: str, stack) -> None:
 
     for cfg in caches_needed(root, command):
         cache_dir, provenance, _ = locate_cache(cfg)
-        if not cache_is_complete(cache_dir, provenance):
-            stack.enter_context(dir_lock(cache_dir, "cache"))
+        if cache_is_complete(cache_dir, provenance):
+            continue
+        lock = dir_lock(cache_dir, "cache").acquire(wait=cfg.cache.wait)
+        if cache_is_complete(cache_dir, provenance):  # its builder finished it while we waited
+            lock.release()
+        else:
+            stack.callback(lock.release)
 
 
 def _write_run_config(run_dir: Path, cfg: DictConfig) -> Path:

@@ -113,6 +113,9 @@ class CacheConfig:
     # How the target is laid out across ranks (target/sharding.py): none | zero3 | tp | device_map.
     sharding: str = "none"
     tp_size: int | None = None  # sharding=tp: ranks per model group (null: all ranks)
+    # A cache another specft process is building: false refuses in one line naming it;
+    # true waits for that process to end, then reads the cache (or finishes it).
+    wait: bool = False
 
 
 @dataclass

@@ -6,7 +6,7 @@ is a file holding who took it, and an exclusive ``flock`` on it for as long as t
 holder runs: the kernel drops the flock when the holder's process ends, however it
 ends, so a lock file left by a run killed with SIGKILL is stale by construction and is
 taken over with a warning naming the dead holder; a live holder is refused in one line
-naming it.
+naming it, or (``acquire(wait=True)``, a cache under ``cache.wait=true``) waited for.
 """
 
 from __future__ import annotations
@@ -50,18 +50,22 @@ class DirLock:
         self.command = command or "specft " + " ".join(sys.argv[1:2])
         self.fd: int | None = None
 
-    def _open_locked(self) -> int | None:
-        """An fd of the file at ``path`` with our flock on it; None when a live process
-        holds it. Raises the refusal then."""
+    def _open_locked(self, wait: bool) -> int | None:
+        """An fd of the file at ``path`` with our flock on it; None when the file was
+        replaced under us (retry). A live holder: the refusal, or with ``wait`` a line
+        naming it and a blocking wait until it ends."""
         fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(fd)
-            os.close(fd)
-            raise SpecftError(f"{self.field}: {self.path.parent} is in use by "
-                              f"{_describe(holder) if holder else 'another specft process'}; "
-                              "wait for it to finish, or use another directory") from None
+            named = _describe(holder) if holder else "another specft process"
+            if not wait:
+                os.close(fd)
+                raise SpecftError(f"{self.field}: {self.path.parent} is in use by {named}; "
+                                  "wait for it to finish, or use another directory") from None
+            log.info("%s: %s is in use by %s; waiting for it to finish", self.field, self.path.parent, named)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel hands it over when the holder ends
         try:  # the holder before us may have removed the file as we opened it: retry then
             same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
         except FileNotFoundError:
@@ -71,10 +75,11 @@ class DirLock:
             return None
         return fd
 
-    def acquire(self) -> DirLock:
+    def acquire(self, wait: bool = False) -> DirLock:
+        """Take the lock; a live holder is refused, or with ``wait`` waited for."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
-            fd = self._open_locked()
+            fd = self._open_locked(wait)
             if fd is not None:
                 break
         else:

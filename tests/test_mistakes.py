@@ -144,6 +144,53 @@ def test_a_cache_being_built_by_another_process_is_refused(tmp_path):
     assert not (tmp_path / RUN / "config.yaml").exists()
 
 
+def test_with_cache_wait_a_cache_being_built_is_waited_for_then_built(tmp_path):
+    """cache.wait=true: the second process names the holder, waits for it to end (the
+    kernel hands the flock over), and then builds (or, were it finished, reads) the cache."""
+    cfg = root_cfg(*TINY, f"cache.root={tmp_path / 'cache'}")
+    from specft.cache import locate_cache
+    from specft.cache.writer import cache_is_complete
+
+    cache_dir, provenance, _ = locate_cache(cfg)
+    holder = dir_lock(cache_dir, "cache", "specft cache").acquire()
+    proc = subprocess.Popen([sys.executable, "-m", "specft.cli", "cache", *TINY, f"cache.root={tmp_path / 'cache'}",
+                             "cache.wait=true"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # blocks until the waiting line (or the end, should it fail)
+        seen.append(line)
+        if "waiting for it to finish" in line:
+            break
+    assert seen and "waiting for it to finish" in seen[-1], "".join(seen)[-2000:]
+    assert not cache_is_complete(cache_dir, provenance) and proc.poll() is None
+    assert f"pid {os.getpid()}" in seen[-1] and "specft cache" in seen[-1]
+    holder.release()
+    rest = proc.stderr.read()
+    assert proc.wait() == 0, rest[-2000:]
+    assert cache_is_complete(cache_dir, provenance)
+
+
+def test_a_lock_waited_for_is_taken_when_its_holder_lets_go(tmp_path, monkeypatch):
+    """The same in one process: a thread waits on the lock a first holder keeps, and
+    takes it as soon as the holder releases it."""
+    import threading
+
+    from specft import lock as lock_module
+
+    waiting = threading.Event()
+    monkeypatch.setattr(lock_module.log, "info", lambda msg, *args: waiting.set())
+    first = dir_lock(tmp_path, "cache", "specft cache").acquire()
+    taken = []
+    thread = threading.Thread(target=lambda: taken.append(dir_lock(tmp_path, "cache").acquire(wait=True)))
+    thread.start()
+    assert waiting.wait(timeout=600)  # a bound against a hang, not a timing
+    assert not taken
+    first.release()
+    thread.join(timeout=600)
+    assert not thread.is_alive() and taken and json.loads((tmp_path / ".specft.lock").read_text())["pid"] == os.getpid()
+    taken[0].release()
+    assert not (tmp_path / ".specft.lock").exists()
+
+
 def test_an_export_into_a_folder_another_export_holds_is_refused(tmp_path):
     run_cli(["train", *TINY], cwd=tmp_path)
     out = tmp_path / "export"
