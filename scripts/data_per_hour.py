@@ -135,13 +135,13 @@ def answer_tokens(run_dir: Path) -> dict:
     reader = CacheReader(cache_dir)
     summary = reader.manifest.get("data_summary", {})
     total = int(reader.token_counts().sum())
+    # Every answer is the target's unless a share kept its fixed text; then count what was
+    # generated or reused (a resumed run's earlier answers are not in those counts).
     regenerated = 0
     if cfg.data.regenerate.enabled:
-        # Every answer is the target's unless a share kept its fixed text; then count what
-        # was generated or reused (a resumed run's earlier answers are not in those counts).
-        mixed = summary.get("kept_fixed_text", 0)
-        regenerated = min(total, int(summary.get("regen_new_tokens", 0)) + int(summary.get("regen_reused_tokens", 0))
-                          ) if mixed else total
+        regenerated = total
+        if summary.get("kept_fixed_text", 0):
+            regenerated = min(total, summary.get("regen_new_tokens", 0) + summary.get("regen_reused_tokens", 0))
     return {"answer_tokens": total, "regenerated_tokens": regenerated, "fixed_tokens": max(total - regenerated, 0),
             "conversations_regenerated": summary.get("regenerated", 0),
             "conversations_fixed": summary.get("kept_fixed_text", 0) if cfg.data.regenerate.enabled else

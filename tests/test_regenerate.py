@@ -70,8 +70,7 @@ def test_regenerated_cache_holds_the_targets_answers_and_resumes(tmp_path, monke
     for shard in cache_dir.glob("shard-*"):
         shard.unlink()
     (cache_dir / "progress-r000.json").unlink()
-    monkeypatch.setattr("specft.data.regenerate.generate_batch",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("generated again")))
+    _no_generation(monkeypatch)
     assert ensure_cache(cfg) == cache_dir
     again = CacheReader(cache_dir)
     for i in range(len(reader)):

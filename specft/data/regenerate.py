@@ -21,8 +21,14 @@ from pathlib import Path
 import torch
 
 from specft.config import DataConfig, RegenerateConfig
-from specft.data import answer_store
-from specft.data.answer_store import append_store, load_store, store_path
+from specft.data.answer_store import (
+    append_store,
+    conversation_digest,
+    load_store,
+    mark,
+    reusable_answers,
+    store_path,
+)
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
 from specft.progress import progress_bar
@@ -141,12 +147,12 @@ _ONE_TOKEN = RegenerateConfig(max_new_tokens=1)
 def _reuse(convs, pending: list[int], cache_dir: Path, key: str, tokenizer,
            summary: DataSummary) -> dict[int, Conversation]:
     """The pending conversations another cache under the same answer key has answered."""
-    stored = answer_store.reusable_answers(cache_dir, key)
+    stored = reusable_answers(cache_dir, key)
     if not stored:
         return {}
     found = {}
     for i in pending:
-        conv = stored.get(answer_store.conversation_digest(convs[i]))
+        conv = stored.get(conversation_digest(convs[i]))
         if conv is not None:
             found[i] = conv
     if found:
@@ -173,8 +179,9 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
     pending = [i for i in mine if i not in done]
     if key is not None and cfg.regenerate.reuse:
         if writes:
-            answer_store.mark(cache_dir, key)
-        reused = _reuse(convs, pending, cache_dir, key, tokenizer, summary)
+            mark(cache_dir, key)
+        # Only what is still pending is looked up: a resumed cache reads no other store.
+        reused = _reuse(convs, pending, cache_dir, key, tokenizer, summary) if pending else {}
         if writes and reused:
             append_store(path, [{"index": i, "messages": c} for i, c in reused.items()])
         done.update(reused)

@@ -218,9 +218,9 @@ def _rowwise_float32(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     with no clip mask and no extra copies. This is every linear input of an
     FP8-activation target at every decode step, and of every prefill, in pieces of
     rows: each row is quantized on its own, so the pieces give the same numbers."""
-    rows = max(1, ROWWISE_CHUNK_ELEMENTS // max(x.shape[-1], 1))
     if x.numel() <= 2 * ROWWISE_CHUNK_ELEMENTS or x.dim() < 2:
         return _rowwise_piece(x, fmt)
+    rows = max(1, ROWWISE_CHUNK_ELEMENTS // x.shape[-1])
     flat = x.reshape(-1, x.shape[-1])
     out = torch.empty_like(flat)
     for start in range(0, flat.shape[0], rows):
