@@ -97,6 +97,10 @@ class DataConfig:
     # <<48/2=24>> calculator notes and writes the closing "#### 72" as "The answer is 72."
     # (text a chat model would write, for training on fixed text).
     gsm8k_answers: str | None = None
+    # A data.mix member's: its conversations keep their text as written when data.regenerate
+    # is on, while the target answers the other members' (fixed text beside the target's
+    # own answers, at stage-1 speed). Only a member sets it.
+    keep_text: bool = False
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
     # name=mix: several sources in one run, each a dict of the fields above that differ
     # (name, path, num_samples, max_turns, ...); each is selected on its own, then joined.

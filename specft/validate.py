@@ -354,11 +354,17 @@ def _validate_eval(e: EvalConfig) -> None:
 SPLITS = ("all", "train", "validation")
 
 
-def _validate_data(d: DataConfig) -> None:
+def _validate_data(d: DataConfig, member: bool = False) -> None:
     if d.name == "mix":
-        for member in mix_members(d):
-            _validate_data(member)
+        if d.keep_text:
+            raise ConfigError("data.keep_text: a data.mix member's field (keep that source's text while "
+                              "the target answers the others)")
+        for m in mix_members(d):
+            _validate_data(m, member=True)
         return
+    if d.keep_text and not member:
+        raise ConfigError("data.keep_text: a data.mix member's field (keep that source's text while the target "
+                          "answers the others); for a whole run, data.regenerate.enabled=false")
     DATA_SOURCES.get(d.name, "data.name")
     if d.name != "synthetic" and not d.path:
         raise ConfigError(f"data.path: required for data.name={d.name}")

@@ -47,7 +47,7 @@ def test_shipped_configs_keep_their_keys(group, name):
         overrides += ["model=hf", f"model.path={CONF.parent / 'tests/fixtures/checkpoints/tiny_qwen3/fp8_dynamic'}",
                       "quant=checkpoint"]
     cfg = root_cfg(*overrides)
-    data_key = _without(dataclasses.asdict(cfg.data), (), KEYED_WHEN_SET[type(cfg.data)])
+    data_key = _without(dataclasses.asdict(cfg.data), NOT_KEYED[type(cfg.data)], KEYED_WHEN_SET[type(cfg.data)])
     data_key["regenerate"] = _without(data_key["regenerate"], NOT_KEYED[type(cfg.data.regenerate)],
                                       KEYED_WHEN_SET[type(cfg.data.regenerate)])
     assert cache_key(cfg.data) == data_key

@@ -2,10 +2,11 @@
 
 import json
 
+import pytest
 import torch
 
 from specft.cache import CacheReader, ensure_cache, locate_cache
-from specft.config import RegenerateConfig
+from specft.config import DataConfig, RegenerateConfig
 from specft.data import DataSummary, load_conversations
 from specft.data.regenerate import generate_batch, regenerate, store_path
 from specft.data.template import prompt_ids
@@ -140,17 +141,56 @@ def test_every_rank_reads_the_others_answers_and_the_fixed_text(tmp_path):
     from specft.data.answer_store import append_store
     from specft.data.regenerate import answered_by_target, read_all_answers
 
-    rc = RegenerateConfig(enabled=True, fraction=0.5, seed=3)
+    data = DataConfig(regenerate=RegenerateConfig(enabled=True, fraction=0.5, seed=3))
     convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}] for i in range(8)]
-    answered = answered_by_target(8, rc)
-    assert len(answered) == 4 and answered == answered_by_target(8, rc)
+    answered = answered_by_target(convs, data)
+    assert len(answered) == 4 and answered == answered_by_target(convs, data)
     for rank in range(2):
         records = [{"index": i, "messages": [convs[i][0], {"role": "assistant", "content": f"new{i}"}]}
                    for i in sorted(answered) if i % 2 == rank]
         append_store(store_path(tmp_path, rank), records)
-    out = read_all_answers(tmp_path, convs, 2, rc)
+    out = read_all_answers(tmp_path, convs, 2, data)
     for i, conv in enumerate(out):
         assert conv[-1]["content"] == (f"new{i}" if i in answered else f"a{i}")
+
+
+def test_a_keep_text_member_keeps_its_text_while_the_target_answers_the_others(tmp_path):
+    """data.mix with one member's keep_text: the target answers the synthetic member's
+    conversations and none of the jsonl member's, whose text reaches the cache as written;
+    its held-out side has every answer regenerated."""
+    from specft.data.select import heldout_side
+
+    path = tmp_path / "kept.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Kept question {i}?"},
+                                                     {"role": "assistant", "content": f"Kept answer {i}."}]}) + "\n"
+                            for i in range(3)))
+    cfg = _cfg(tmp_path, "data=mix", "data.split=all",
+               f"data.mix=[{{name: synthetic, num_samples: 4}}, {{name: jsonl, path: '{path}', keep_text: true}}]")
+    original = load_conversations(cfg.data)
+    cache_dir = ensure_cache(cfg)
+    summary = CacheReader(cache_dir).manifest["data_summary"]
+    assert summary["regenerated"] == 4 and summary["kept_fixed_text"] == 3
+    stored = {json.loads(line)["index"] for line in store_path(cache_dir, 0).read_text().splitlines()}
+    kept = {i for i, c in enumerate(original) if c[0]["content"].startswith("Kept question")}
+    assert len(kept) == 3 and stored == set(range(7)) - kept
+    model, _ = load_target(cfg.model)
+    out = regenerate(model, load_tokenizer(cfg.model), original, cfg.data, tmp_path / "again")
+    for i, conv in enumerate(out):
+        assert (conv == original[i]) == (i in kept)
+    # Without keep_text the cache is another one, and the held-out side answers all.
+    plain = _cfg(tmp_path, "data=mix", "data.split=all",
+                 f"data.mix=[{{name: synthetic, num_samples: 4}}, {{name: jsonl, path: '{path}'}}]")
+    assert locate_cache(plain)[0] != cache_dir
+    assert all("keep_text" not in m for m in heldout_side(cfg.data, 2).mix)
+
+
+def test_keep_text_is_a_mix_members_field_only(tmp_path):
+    from specft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.keep_text: a data.mix member's field.*regenerate.enabled=false"):
+        _cfg(tmp_path, "data.keep_text=true")
+    with pytest.raises(ConfigError, match=r"data.keep_text: a data.mix member's field \(keep"):
+        _cfg(tmp_path, "data=mix", "data.keep_text=true", "data.mix=[{name: synthetic, num_samples: 4}]")
 
 
 def _no_generation(monkeypatch):

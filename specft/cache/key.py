@@ -47,7 +47,7 @@ NOT_KEYED: dict[type, dict[str, str]] = {
         for field in ("intermediate_size", "num_heads", "num_kv_heads", "head_dim", "num_experts",
                       "experts_top_k", "tie_word_embeddings")
     } | {"aux_layer_ids": "keyed resolved, as the provenance's aux_layer_ids"},
-    DataConfig: {},
+    DataConfig: {"keep_text": "only a data.mix member sets it (validated), and members are keyed as written"},
     RegenerateConfig: {"reuse": "reused answers are the same target's answers under the same settings"},
     # Only conf/quant/checkpoint.yaml sets it, whose name is keyed; what the checkpoint
     # quantizes is in the checkpoint fingerprint (its config.json and weight files).

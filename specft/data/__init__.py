@@ -65,17 +65,36 @@ def check_data_files(cfg: DataConfig) -> None:
             require_file(member.path, f"data.mix[{i}].path" if cfg.name == "mix" else "data.path")
 
 
+def _member_conversations(member: DataConfig, summary: DataSummary) -> list[Conversation]:
+    source = DATA_SOURCES.get(member.name, "data.mix.name")
+    return rewrite_answers(select_conversations(source(member, summary), member, summary), member)
+
+
 def _load_mix(cfg: DataConfig, summary: DataSummary) -> list[Conversation]:
     """Each member selected on its own (its split, dedup and cap), then joined and
     shuffled by the run's seed so batches hold every source."""
     convs: list[Conversation] = []
     for member in mix_members(cfg):
-        source = DATA_SOURCES.get(member.name, "data.mix.name")
-        part = rewrite_answers(select_conversations(source(member, summary), member, summary), member)
+        part = _member_conversations(member, summary)
         summary[f"from_{member.name}"] += len(part)
         convs += part
     random.Random(cfg.seed).shuffle(convs)
     return convs
+
+
+def kept_text_positions(convs: list[Conversation], cfg: DataConfig) -> set[int]:
+    """Positions in ``convs`` (load_conversations(cfg)) of the conversations that come
+    from data.mix members with keep_text: regeneration leaves their text as written. A
+    member's conversations are found by their questions (a question that two members
+    share keeps its text in both)."""
+    from specft.data.answer_store import conversation_digest
+
+    members = [m for m in mix_members(cfg) if m.keep_text] if cfg.name == "mix" else []
+    if not members:
+        return set()
+    kept = {conversation_digest(with_system_prompt(c, cfg.system_prompt))
+            for m in members for c in _member_conversations(m, DataSummary())}
+    return {i for i, c in enumerate(convs) if conversation_digest(c) in kept}
 
 
 def tokenize_all(convs: list[Conversation | None], tokenizer, cfg: DataConfig,

@@ -7,9 +7,10 @@ appended to ``regenerated-r<rank>.jsonl`` in the cache directory, so a killed ru
 without answering anything twice. A rank answers only its own samples (i % world == rank);
 the others stay None in its list.
 
-data.regenerate.fraction answers only a seeded share of the conversations; the rest keep
-their fixed text (the dataset's answers), which stage 1 then reads at teacher-forced speed:
-the mixes of issue 34's data-per-CPU-hour study.
+data.regenerate.fraction answers only a seeded share of the conversations, and a data.mix
+member with keep_text none of its own; the rest keep their fixed text (the dataset's
+answers), which stage 1 then reads at teacher-forced speed: the mixes of issue 34's
+data-per-CPU-hour study.
 """
 
 from __future__ import annotations
@@ -37,24 +38,29 @@ from specft.target_model.loader import left_pad, stop_token_ids
 log = logging.getLogger(__name__)
 
 
-def answered_by_target(count: int, rc: RegenerateConfig) -> set[int]:
-    """The conversations the target answers: all, or a seeded share ``rc.fraction`` of
-    them (the same set on every rank and every resume)."""
-    if rc.fraction is None:
-        return set(range(count))
-    order = torch.randperm(count, generator=torch.Generator().manual_seed(rc.seed + 15_485_863)).tolist()
-    return set(order[: round(count * rc.fraction)])
+def answered_by_target(convs: list[Conversation], cfg: DataConfig) -> set[int]:
+    """The conversations the target answers: all, or a seeded share
+    data.regenerate.fraction of them, less those of keep_text mix members (the same set
+    on every rank and every resume)."""
+    from specft.data import kept_text_positions
+
+    rc, count = cfg.regenerate, len(convs)
+    chosen = set(range(count))
+    if rc.fraction is not None:
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(rc.seed + 15_485_863)).tolist()
+        chosen = set(order[: round(count * rc.fraction)])
+    return chosen - kept_text_positions(convs, cfg)
 
 
 def read_all_answers(cache_dir: Path, convs: list[Conversation], world_size: int,
-                     rc: RegenerateConfig) -> list[Conversation | None]:
+                     cfg: DataConfig) -> list[Conversation | None]:
     """Every slice's answered conversations (once every rank has finished), the fixed
     text where the target answers none, None where an answer was not stored: what a rank
     needs when it may read any sample (online training)."""
     done: dict[int, Conversation] = {}
     for rank in range(world_size):
         done.update(load_store(store_path(cache_dir, rank)))
-    answered = answered_by_target(len(convs), rc)
+    answered = answered_by_target(convs, cfg)
     return [done.get(i) if i in answered else convs[i] for i in range(len(convs))]
 
 
@@ -172,10 +178,10 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
     path = store_path(cache_dir, rank)
     done = load_store(path)
     rc = cfg.regenerate
-    answered = answered_by_target(len(convs), rc)
+    answered = answered_by_target(convs, cfg)
     my_slice = range(rank, len(convs), world_size)
     mine = [i for i in my_slice if i in answered]
-    kept = {i for i in my_slice if i not in answered}  # data.regenerate.fraction: fixed text stays
+    kept = {i for i in my_slice if i not in answered}  # fraction, keep_text: fixed text stays
     pending = [i for i in mine if i not in done]
     if key is not None and cfg.regenerate.reuse:
         if writes:

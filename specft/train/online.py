@@ -143,7 +143,7 @@ def _every_slice(cfg: RootConfig, target: ServedTarget, convs: list[Conversation
     from specft.data import tokenize_all
 
     barrier(world_size)
-    answered = read_all_answers(regen_dir, convs, target.placed.data_world, cfg.data.regenerate)
+    answered = read_all_answers(regen_dir, convs, target.placed.data_world, cfg.data)
     return tokenize_all(answered, target.tokenizer, cfg.data, DataSummary())
 
 
