@@ -39,7 +39,9 @@ def prompt_set(name: str, gsm8k: Path, sharegpt: Path, sharegpt_val_fraction: fl
             "sharegpt": ["data=sharegpt", f"data.path={sharegpt}", "data.split=validation",
                          f"data.val_fraction={sharegpt_val_fraction}"],
             "mtbench": ["data=mtbench", "data.split=all"],
-            "sharegpt_v3": ["data=sharegpt", "data.split=validation", f"data.val_fraction={GSM8K_VAL_FRACTION}"]}
+            # Some V3 prompts run to thousands of tokens: their last 448, as the scripts train (512).
+            "sharegpt_v3": ["data=sharegpt", "data.split=validation", f"data.val_fraction={GSM8K_VAL_FRACTION}",
+                            "data.max_seq_len=512"]}
     if name not in sets:
         raise SystemExit(f"--eval-sets: unknown prompt set {name!r}; known: {', '.join(sets)}")
     return sets[name]
