@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from specft.config import DataConfig, RegenerateConfig
+from specft.data import kept_text_positions
 from specft.data.answer_store import (
     append_store,
     conversation_digest,
@@ -42,8 +43,6 @@ def answered_by_target(convs: list[Conversation], cfg: DataConfig) -> set[int]:
     """The conversations the target answers: all, or a seeded share
     data.regenerate.fraction of them, less those of keep_text mix members (the same set
     on every rank and every resume)."""
-    from specft.data import kept_text_positions
-
     rc, count = cfg.regenerate, len(convs)
     chosen = set(range(count))
     if rc.fraction is not None:
