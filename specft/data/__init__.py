@@ -8,6 +8,7 @@ import logging
 import random
 
 from specft.config import DataConfig
+from specft.data.answer_store import conversation_digest
 from specft.data.records import Conversation, DataSummary
 from specft.data.select import select_conversations, with_system_prompt
 from specft.data.sources import DATA_SOURCES, rewrite_answers
@@ -87,8 +88,6 @@ def kept_text_positions(convs: list[Conversation], cfg: DataConfig) -> set[int]:
     from data.mix members with keep_text: regeneration leaves their text as written. A
     member's conversations are found by their questions (a question that two members
     share keeps its text in both)."""
-    from specft.data.answer_store import conversation_digest
-
     members = [m for m in mix_members(cfg) if m.keep_text] if cfg.name == "mix" else []
     if not members:
         return set()
