@@ -355,16 +355,13 @@ SPLITS = ("all", "train", "validation")
 
 
 def _validate_data(d: DataConfig, member: bool = False) -> None:
-    if d.name == "mix":
-        if d.keep_text:
-            raise ConfigError("data.keep_text: a data.mix member's field (keep that source's text while "
-                              "the target answers the others)")
-        for m in mix_members(d):
-            _validate_data(m, member=True)
-        return
     if d.keep_text and not member:
         raise ConfigError("data.keep_text: a data.mix member's field (keep that source's text while the target "
                           "answers the others); for a whole run, data.regenerate.enabled=false")
+    if d.name == "mix":
+        for m in mix_members(d):
+            _validate_data(m, member=True)
+        return
     DATA_SOURCES.get(d.name, "data.name")
     if d.name != "synthetic" and not d.path:
         raise ConfigError(f"data.path: required for data.name={d.name}")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import root_cfg
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
@@ -18,11 +20,8 @@ def _sharegpt_file(path: Path, n: int) -> Path:
     return path
 
 
-def _data(overrides: list[str], tmp_path: Path):
-    from specft.cli import compose
-    from specft.validate import to_schema
-
-    return to_schema(compose(["model=tiny_qwen3", f"run_dir={tmp_path / 'run'}", *overrides])).data
+def _data(overrides: list[str]):
+    return root_cfg("model=tiny_qwen3", *overrides).data
 
 
 def _first_questions(cfg) -> set[str]:
@@ -36,10 +35,10 @@ def test_sharegpt_v3_eval_prompts_are_what_a_training_mix_left_out(tmp_path):
 
     data = _sharegpt_file(tmp_path / "v3.json", 200)
     held_out = _data([*prompt_set("sharegpt_v3", SHARED, SHARED, 0.3), f"data.path={data}",
-                      "data.num_samples=1000"], tmp_path)
+                      "data.num_samples=1000"])
     # The scripts' training runs set data.val_fraction=0.1; a mix member inherits it.
     train = _data(["data=mix", "data.split=train", "data.val_fraction=0.1",
-                   f"data.mix=[{{name: sharegpt, path: '{data}', num_samples: 1000}}]"], tmp_path)
+                   f"data.mix=[{{name: sharegpt, path: '{data}', num_samples: 1000}}]"])
     held, trained = _first_questions(held_out), _first_questions(train)
     assert held and trained
     assert not held & trained
