@@ -21,8 +21,9 @@ existed under --cache-root reports its training wall only. Then one `specft eval
 held-out set decodes every arm's draft and the 16-bit recipe's (--baseline) on the same
 prompts (GSM8K, ShareGPT and MT-Bench, --k, batch 16), so every difference is paired.
 The `baseline` part trains that draft (quant_alignment's `base`, part 6's data, the arms'
-precision) under <out-dir>/base-bf16 unless --baseline names one already trained;
---no-baseline leaves it out of the eval (the arms are then compared with each other only).
+precision, as many steps as the longest arm) under <out-dir>/base-bf16 unless --baseline
+names one already trained; --no-baseline leaves it out of the eval (the arms are then
+compared with each other only).
 
     python scripts/data_per_hour.py --out-dir runs/data_per_hour --cache-root runs/data_per_hour/cache
     # on two cores, one process per core, then the eval:
@@ -75,12 +76,13 @@ def baseline_dir(a: argparse.Namespace) -> Path:
     return (a.baseline or a.out_dir / "base-bf16").resolve()
 
 
-def train_baseline(a: argparse.Namespace) -> None:
+def train_baseline(a: argparse.Namespace, arms: list[Arm]) -> None:
     """The 16-bit recipe's draft: quant_alignment's `base` part (it skips a finished draft)."""
     if a.baseline or a.no_baseline:
         return
     cmd = [sys.executable, str(SCRIPTS / "quant_alignment.py"), "--out-dir", str(a.out_dir.resolve()),
            "--parts", "base", "--qat-quants", "", "--latency-k", "", "--seed", str(a.seed),
+           "--steps", str(max(arm.steps for arm in arms)),
            "--eval-prompts", str(a.eval_prompts), "--cache-root", str(a.cache_root.resolve()),
            "--gsm8k", str(a.gsm8k), "--sharegpt", str(a.sharegpt), *(["--precision", a.precision] if a.precision else [])]
     print(f"[baseline] {' '.join(cmd[2:])}", flush=True)
@@ -235,7 +237,7 @@ def main() -> None:
     steps = Steps(a.out_dir.resolve())
     parts = a.parts.split(",")
     if "baseline" in parts:
-        train_baseline(a)
+        train_baseline(a, arms)
     if "train" in parts:
         for arm in arms:
             train_arm(a, arm)
