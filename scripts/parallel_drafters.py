@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quant_alignment import Experiment, parser
+from quant_alignment import Experiment, parser, run_parts
 
 from specft.eval.report import verdict
 from specft.eval.stats import paired_difference
@@ -137,9 +137,7 @@ def main() -> None:
                    parts="eagle3-bf16,eagle3-mxfp4,peagle-bf16,peagle-mxfp4,dflash-bf16,dflash-mxfp4,eval")
     args = p.parse_args()
     exp = ParallelDrafters(args)
-    for part in args.parts.split(","):
-        if part:
-            exp.run_part(part)
+    run_parts(exp, args, Path(__file__))
     exp.summarize()
     print((exp.out / "summary.md").read_text())
     print((exp.out / "drafters.md").read_text())

@@ -4,6 +4,8 @@ output file marks it done; a rerun skips finished steps and records each step's 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,3 +84,65 @@ class Steps:
             self.walls = json.loads(self.walls_path.read_text())
         self.walls[name] = wall
         self.walls_path.write_text(json.dumps(self.walls, indent=2))
+
+
+def without_option(argv: list[str], name: str) -> list[str]:
+    """``argv`` less every ``name VALUE`` / ``name=VALUE`` pair."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
+def lane_commands(script: Path, argv: list[str], lanes: str) -> list[list[str]]:
+    """One command per ';'-separated lane of --lanes: ``script`` with ``argv`` (less --lanes
+    and --parts) and that lane's parts as --parts."""
+    rest = without_option(without_option(argv, "--lanes"), "--parts")
+    groups = [lane.strip() for lane in lanes.split(";")]
+    if len(groups) < 2:
+        raise SystemExit(f"--lanes {lanes!r}: two or more ';'-separated lanes of parts, e.g. 'base,fp8-ours;mxfp4-ours'")
+    return [[sys.executable, str(script), *rest, "--parts", group] for group in groups]
+
+
+def threads_per_lane(lanes: int, env: dict[str, str]) -> str:
+    """OMP_NUM_THREADS of each lane: as set, else an even share of the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return env.get("OMP_NUM_THREADS") or str(max(1, cores // lanes))
+
+
+def run_lanes(script: Path, argv: list[str], lanes: str, out: Path) -> None:
+    """Run ``script`` once per lane, side by side, each lane's parts in order and its output
+    in <out>/lane-<i>.log; an eval already waits for the drafts another lane trains. When a
+    lane fails (or this process is interrupted) the others are stopped, with their `specft`
+    children: an eval would otherwise wait forever for a draft that will not come."""
+    commands = lane_commands(script, argv, lanes)
+    env = dict(os.environ, OMP_NUM_THREADS=threads_per_lane(len(commands), dict(os.environ)))
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    try:
+        for i, cmd in enumerate(commands):
+            log = out / f"lane-{i}.log"
+            print(f"[lane {i}] --parts {cmd[-1]} (OMP_NUM_THREADS={env['OMP_NUM_THREADS']}), output in {log}",
+                  flush=True)
+            with open(log, "a") as f:
+                procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True))
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = next((i for i, code in enumerate(codes) if code), None)
+            if failed is not None or None not in codes:
+                break
+            time.sleep(1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait()
+    if failed is not None:
+        raise SystemExit(f"lane {failed} failed (exit {procs[failed].returncode}); see {out / f'lane-{failed}.log'}; "
+                         "the other lanes were stopped. Rerun the same command to resume.")
