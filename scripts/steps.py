@@ -86,6 +86,9 @@ class Steps:
         self.walls_path.write_text(json.dumps(self.walls, indent=2))
 
 
+IN_LANE = "SPECFT_IN_LANE"  # set in a lane's environment
+
+
 def without_option(argv: list[str], name: str) -> list[str]:
     """``argv`` less every ``name VALUE`` / ``name=VALUE`` pair."""
     out, skip = [], False
@@ -120,8 +123,12 @@ def run_lanes(script: Path, argv: list[str], lanes: str, out: Path) -> None:
     in <out>/lane-<i>.log; an eval already waits for the drafts another lane trains. When a
     lane fails (or this process is interrupted) the others are stopped, with their `specft`
     children: an eval would otherwise wait forever for a draft that will not come."""
+    if os.environ.get(IN_LANE):
+        # an abbreviated --lanes (argparse accepts --lane) survives lane_commands: without this a
+        # lane would start lanes of its own, without end
+        raise SystemExit("--lanes inside a lane: spell the option --lanes in full")
     commands = lane_commands(script, argv, lanes)
-    env = dict(os.environ, OMP_NUM_THREADS=threads_per_lane(len(commands), dict(os.environ)))
+    env = dict(os.environ, OMP_NUM_THREADS=threads_per_lane(len(commands), dict(os.environ)), **{IN_LANE: "1"})
     out.mkdir(parents=True, exist_ok=True)
     procs = []
     try:
