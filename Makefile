@@ -1,6 +1,6 @@
 PYTHON ?= python
 
-.PHONY: install test test-slow lint demo
+.PHONY: install test test-slow test-llamacpp llamacpp lint demo
 
 # torch first, from the CPU build on local disk when none is installed: a bare `torch`
 # requirement would otherwise pull a multi-GB CUDA build.
@@ -14,6 +14,14 @@ test:
 
 test-slow:
 	$(PYTHON) -m pytest -q -m slow
+
+# llama.cpp in its own prefix ($$SPECFT_LLAMACPP, else ~/.cache/specft/llamacpp), built
+# for this CPU; a second run reuses the build. ~15 min the first time on 2 cores.
+llamacpp:
+	PYTHON=$(PYTHON) bash scripts/install_llamacpp.sh
+
+test-llamacpp:
+	$(PYTHON) -m pytest -q -m llamacpp
 
 lint:
 	$(PYTHON) -m ruff check specft tests scripts

@@ -326,16 +326,24 @@ def _export(args: list[str]) -> int:
                                      "layout serving engines load.")
     parser.add_argument("checkpoint", help="a run dir, its checkpoints/final, or a checkpoint folder")
     parser.add_argument("out_dir")
-    parser.add_argument("--layout", default="eagle3", choices=sorted(LAYOUTS.names))
+    parser.add_argument("--layout", default="eagle3", choices=sorted([*LAYOUTS.names, "gguf"]),
+                        help="gguf: llama.cpp's draft file, through its own converter (docs/serving.md)")
     parser.add_argument("--quant", default="auto", choices=QUANT_KINDS,
                         help="auto: the draft's QAT format (16-bit when it has none)")
     parser.add_argument("--target-head", help="target_head.safetensors of the cache (mtp with a reduced vocab)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in a non-empty OUT_DIR")
+    parser.add_argument("--target", help="--layout gguf: the target's checkpoint dir or .gguf (default: the "
+                        "one the draft was trained against)")
     ns = parser.parse_args(args)
     try:
-        out = export_draft(ns.checkpoint, ns.out_dir, ns.layout, ns.quant, ns.target_head, ns.dtype,
-                           ns.overwrite)
+        if ns.layout == "gguf":
+            from specft.export.gguf import export_gguf
+
+            out = export_gguf(ns.checkpoint, ns.out_dir, ns.target, ns.overwrite)
+        else:
+            out = export_draft(ns.checkpoint, ns.out_dir, ns.layout, ns.quant, ns.target_head, ns.dtype,
+                               ns.overwrite)
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -316,10 +316,14 @@ def register_schema() -> None:
 
 
 def model_name_from_path(path: str | None) -> str:
-    """model=hf's name: the checkpoint folder's name (runs/ and cache/ are named by it)."""
+    """model=hf's name: the checkpoint folder's name, or a .gguf file's stem (runs/ and
+    cache/ are named by it)."""
     from pathlib import Path
 
-    return Path(str(path)).expanduser().name if path else "hf"
+    if not path:
+        return "hf"
+    path = Path(str(path)).expanduser()
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 JOB_DIR_MAX_CHARS = 96

@@ -40,13 +40,20 @@ def check_model_path(model: ModelConfig) -> None:
         return  # validate.py refuses an hf model without a path; gguf may name an absolute file
     path = Path(model.path).expanduser()
     if path.exists():
+        if model.source == "hf" and _is_gguf_file(path):
+            return  # run as llama.cpp serves it (quant=checkpoint)
         if not path.is_dir():
-            raise SpecftError(f"model.path: {model.path} is a file; give the checkpoint's directory")
+            raise SpecftError(f"model.path: {model.path} is a file; give the checkpoint's directory (or a .gguf file)")
         if model.source == "hf" and not (path / "config.json").is_file():
             raise SpecftError(f"model.path: {model.path} holds no config.json; give a Hugging Face checkpoint directory")
         return
     if _looks_local(model.path):
-        raise SpecftError(f"model.path: no such directory: {model.path}")
+        raise SpecftError(f"model.path: no such {'file' if str(model.path).endswith('.gguf') else 'directory'}: "
+                          f"{model.path}")
+
+
+def _is_gguf_file(path) -> bool:
+    return str(path).endswith(".gguf") and Path(path).expanduser().is_file()
 
 
 def check_checkpoint_quant(root: RootConfig) -> None:
@@ -55,11 +62,12 @@ def check_checkpoint_quant(root: RootConfig) -> None:
     from specft.quantized_checkpoints import detect_family, open_checkpoint
 
     model, quant = root.model, root.quant
-    local = model.source == "hf" and model.path and Path(model.path).expanduser().is_dir()
+    local = model.source == "hf" and model.path and (Path(model.path).expanduser().is_dir()
+                                                     or _is_gguf_file(model.path))
     if quant.from_checkpoint:
         if not local:
             raise SpecftError(f"quant=checkpoint: runs the quantized checkpoint in model.path; give a local "
-                              f"checkpoint directory (model={model.name} has source={model.source}, "
+                              f"checkpoint directory or .gguf file (model={model.name} has source={model.source}, "
                               f"path={model.path})")
         if open_checkpoint(Path(model.path).expanduser()) is None:
             raise SpecftError(f"quant=checkpoint: {model.path} is not a quantized checkpoint (its config.json has "

@@ -51,6 +51,12 @@ def install_attention_transform(model: nn.Module, transform) -> None:
 
     name = f"specft_attention_{id(model)}"
     AttentionInterface.register(name, attention)
+    # transformers builds no attention mask at all for a name it has no mask function for
+    # (it assumes an engine that masks by itself): padding, cache holes and the causal
+    # offset of a multi-token step on a cache would all be lost. The base's mask it is.
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
     model.set_attn_implementation(name)
 
 

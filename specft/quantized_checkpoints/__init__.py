@@ -25,10 +25,10 @@ from specft.quantized_checkpoints.base import (
 
 
 def detect_family(model_dir: str | Path) -> FormatFamily | None:
-    """The format family whose files are in ``model_dir``; None for an unquantized
-    checkpoint (or a hub id, which is not read here)."""
+    """The format family whose files are in ``model_dir`` (or that a .gguf file is); None
+    for an unquantized checkpoint (or a hub id, which is not read here)."""
     model_dir = Path(model_dir)
-    if not model_dir.is_dir():
+    if not model_dir.is_dir() and model_dir.suffix != ".gguf":
         return None
     for name in CHECKPOINT_FORMATS.names:
         family = CHECKPOINT_FORMATS.get(name)
@@ -59,7 +59,7 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
 
 
 # The families register themselves on import.
-from specft.quantized_checkpoints import compressed_tensors, modelopt, msmodelslim, others  # noqa: E402,F401,I001
+from specft.quantized_checkpoints import compressed_tensors, gguf_family, modelopt, msmodelslim, others  # noqa: E402,F401,I001
 
 __all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "description_patterns", "detect_family",
            "open_checkpoint", "read_config", "supported"]

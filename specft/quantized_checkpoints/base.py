@@ -80,6 +80,10 @@ class CheckpointQuant:
     # (quant.model_hooks.install_attention_transform): rotations the checkpoint leaves for
     # run time there (SpinQuant's R3); each has a ``description``
     attention: list[Callable] = field(default_factory=list)
+    # the model's config where config.json does not hold it (a GGUF's header)
+    load_config: Callable[[], object] | None = None
+    # the dtype the served arithmetic runs in, whatever model.dtype says (llama.cpp: float32)
+    compute_dtype: torch.dtype | None = None
 
     def to_dict(self) -> dict:
         out = {"family": self.family, "summary": self.summary, "ignored": self.ignored,

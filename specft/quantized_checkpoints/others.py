@@ -23,23 +23,9 @@ class ByQuantMethod(FormatFamily):
         return (read_config(model_dir).get("quantization_config") or {}).get("quant_method") == self.method
 
 
-class ByFile(FormatFamily):
-    """Known by a file of its own beside the weights."""
-
-    supported = False
-
-    def __init__(self, name: str, pattern: str):
-        self.name, self.pattern = name, pattern
-
-    def detect(self, model_dir: Path) -> bool:
-        return any(model_dir.glob(self.pattern))
-
-
 # quant_method -> the family's name: Qwen3-*-FP8 block-wise FP8, gpt-oss MXFP4, and
 # transformers' other loaders
 for method, name in (("fp8", "hf-fp8"), ("mxfp4", "hf-mxfp4"), ("gptq", "gptq"), ("awq", "awq"),
                      ("autoround", "autoround"), ("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"),
                      ("quark", "quark")):
     CHECKPOINT_FORMATS.register(name)(ByQuantMethod(name, method))
-for name, pattern in (("gguf", "*.gguf"),):
-    CHECKPOINT_FORMATS.register(name)(ByFile(name, pattern))

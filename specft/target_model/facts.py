@@ -29,9 +29,20 @@ FACT_KEYS = {
 FAMILY_AUTO = "auto"
 
 
+def _gguf_config(path: Path) -> dict:
+    """The transformers config a GGUF's header describes, as config.json would hold it."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"model.path: cannot read the GGUF {path} ({err})") from None
+
+
 def checkpoint_facts(model_dir: Path) -> dict:
-    """ModelConfig facts from a checkpoint's config.json (text config of a multimodal one)."""
-    raw = read_config(model_dir)
+    """ModelConfig facts from a checkpoint's config.json (text config of a multimodal one),
+    or from the header of a .gguf file."""
+    raw = _gguf_config(model_dir) if model_dir.suffix == ".gguf" else read_config(model_dir)
     raw = raw.get("text_config", raw)
     facts = {field: next((raw[k] for k in keys if raw.get(k) is not None), None) for field, keys in FACT_KEYS.items()}
     if facts["head_dim"] is None and facts["hidden_size"] and facts["num_heads"]:
@@ -70,6 +81,12 @@ def fill_model_facts(cfg: DictConfig) -> None:
         return
     path = None if OmegaConf.is_missing(model, "path") else model.get("path")
     model_dir = Path(str(path)).expanduser() if path else None
+    if model_dir is not None and model_dir.suffix == ".gguf" and model_dir.is_file():
+        facts = checkpoint_facts(model_dir)
+        for key in wanted:
+            if key in facts:
+                OmegaConf.update(cfg, f"model.{key}", facts[key], force_add=True)
+        return
     if model_dir is None or not (model_dir / "config.json").is_file():
         if not any(_required(model, k) for k in wanted):  # defaults only: a hub id with its facts in YAML
             return

@@ -27,6 +27,11 @@ MODEL_SOURCES: Registry = Registry("model source")
 
 @MODEL_SOURCES.register("hf")
 def _hf_source(cfg: ModelConfig):
+    """A checkpoint directory or hub id; or a .gguf file (quant=checkpoint runs it as
+    llama.cpp does)."""
+    if cfg.path and str(cfg.path).endswith(".gguf"):
+        file = Path(cfg.path).expanduser()
+        return str(file.parent), file.name
     return cfg.path, None
 
 
@@ -130,7 +135,7 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
     where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     dtype = dtype or getattr(torch, resolve_dtype(cfg.dtype))
-    checkpoint = open_checkpoint(where) if cfg.source == "hf" else None
+    checkpoint = open_checkpoint(Path(where) / gguf_file if gguf_file else where) if cfg.source == "hf" else None
     if checkpoint is not None:
         if placement:
             raise ConfigError("cache.sharding: a quantized checkpoint (quant=checkpoint) loads on one rank for "
@@ -158,9 +163,13 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype):
     checkpoint rides on the model for apply_quant (quant=checkpoint)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(where)
+    config = checkpoint.load_config() if checkpoint.load_config else AutoConfig.from_pretrained(where)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    if checkpoint.compute_dtype is not None and checkpoint.compute_dtype != dtype:
+        log.info("target: %s runs in %s as it is served (model.dtype ignored)", checkpoint.family,
+                 checkpoint.compute_dtype)
+        dtype = checkpoint.compute_dtype
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     state = checkpoint.load_state(model, dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -230,7 +239,13 @@ def checkpoint_fingerprint(cfg: ModelConfig) -> str:
         h.update(str(p.stat().st_size).encode())
         if p.name == "config.json" or any(fnmatch(p.name, q) for q in described_by):
             h.update(p.read_bytes())
+        elif p.suffix == ".gguf":  # its header: the metadata and every tensor's type
+            with p.open("rb") as f:
+                h.update(f.read(GGUF_HEADER_BYTES))
     return h.hexdigest()[:16]
+
+
+GGUF_HEADER_BYTES = 8 << 20
 
 
 def stop_token_ids(tokenizer, model) -> set[int]:

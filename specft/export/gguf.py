@@ -1,0 +1,164 @@
+"""`specft export RUN OUT --layout gguf`: a draft llama-server loads (`-md OUT/draft.gguf
+--spec-type draft-eagle3`), written by llama.cpp's own converter from specft's EAGLE-3
+export, then read back and checked: architecture, the target layers it taps, the target
+width and vocabulary, and the draft vocabulary map.
+
+llama.cpp's EAGLE3 graph (src/models/eagle3.cpp) has a Llama decoder layer: no q/k norm.
+A Qwen3-layer draft (specft's default for Qwen3 targets, q/k norm) is refused in one line
+rather than converted into a file that would load and compute without its norms; train
+one for llama.cpp with draft.qk_norm=false.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from specft.errors import SpecftError
+from specft.export import check_out_dir, export_draft
+from specft.lock import sibling_lock
+
+log = logging.getLogger(__name__)
+
+DRAFT_FILE = "draft.gguf"
+# specft architecture -> (specft's HF layout the converter reads, llama-server --spec-type)
+CONVERTIBLE = {"eagle3": ("eagle3", "draft-eagle3")}
+
+
+def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path | None = None,
+                overwrite: bool = False) -> Path:
+    from specft.eval.drafts import load_draft, resolve_checkpoint
+    from specft.export import _meta
+    from specft.llamacpp.convert import hf_to_gguf
+
+    folder = resolve_checkpoint(checkpoint, "checkpoint")
+    out = check_out_dir(Path(out_dir).expanduser(), overwrite)
+    _, draft_config = load_draft(folder, field="checkpoint")
+    meta = _meta(folder, draft_config)
+    arch = meta.get("architecture", "eagle3")
+    if arch not in CONVERTIBLE:
+        raise SpecftError(f"--layout gguf: llama.cpp's converter takes no specft {arch} draft yet; "
+                          f"convertible: {', '.join(CONVERTIBLE)}")
+    if meta.get("qk_norm"):
+        raise SpecftError("--layout gguf: this draft's decoder layer has q/k norm (a Qwen3 layer), which "
+                          "llama.cpp's EAGLE3 graph does not compute; train it with draft.qk_norm=false to serve "
+                          "it with llama.cpp")
+    layout, spec_type = CONVERTIBLE[arch]
+    with tempfile.TemporaryDirectory(prefix="specft-gguf-") as tmp:
+        tmp = Path(tmp)
+        hf = export_draft(folder, tmp / "hf", layout=layout, quant="none", dtype="float32")
+        target_dir = _target_dir(target or _run_target(folder) or (meta.get("verifier") or {}).get("name_or_path"),
+                                 tmp / "target")
+        converted = hf_to_gguf(hf, tmp / DRAFT_FILE, outtype="f16", target_model_dir=target_dir)
+        facts = check_draft_gguf(converted, meta)
+        with sibling_lock(out, "out_dir", "specft export"):
+            check_out_dir(out, overwrite)
+            out.mkdir(parents=True, exist_ok=True)
+            staged = out / f".{DRAFT_FILE}.tmp"
+            shutil.copyfile(converted, staged)
+            os.chmod(staged, 0o644)
+            os.replace(staged, out / DRAFT_FILE)
+            (out / "serving.json").write_text(json.dumps({"spec_type": spec_type, **facts}, indent=2))
+    log.info("export: gguf draft (%s) -> %s", spec_type, out / DRAFT_FILE)
+    return out
+
+
+def _run_target(folder: Path) -> str | None:
+    """The run's model.path (a .gguf the draft was trained against), from its config.yaml."""
+    import yaml
+
+    config = folder / "config.yaml"
+    run = yaml.safe_load(config.read_text()) if config.is_file() else {}
+    path = (run.get("model") or {}).get("path")
+    return path if path and str(path).endswith(".gguf") else None
+
+
+def _target_dir(target: str | Path | None, scratch: Path) -> Path:
+    """A directory with the target's config.json and tokenizer: the one given, the GGUF or
+    checkpoint the draft was trained against (a GGUF's header written out as one)."""
+    where = Path(target or "").expanduser()
+    if where.suffix == ".gguf" and where.is_file():
+        return _hf_dir_from_gguf(where, scratch)
+    if (where / "config.json").is_file():
+        return where
+    raise SpecftError(f"--target: the draft's target {str(where) or '(unknown)'} is not a local checkpoint "
+                      "directory or .gguf file; give --target DIR_OR_GGUF (its vocabulary goes into the draft)")
+
+
+def _hf_dir_from_gguf(gguf_file: Path, scratch: Path) -> Path:
+    from transformers import AutoConfig, AutoTokenizer
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(scratch)
+    AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).save_pretrained(scratch)
+    return scratch
+
+
+def gguf_facts(path: Path) -> dict:
+    """What llama.cpp reads of a draft or target GGUF: architecture, width, vocabulary,
+    and a draft's target layers, target width and draft vocabulary."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+
+    def field(key):
+        f = reader.get_field(key)
+        if f is None:
+            return None
+        values = [f.parts[i] for i in f.data]
+        decoded = [bytes(v).decode() if v.dtype == np.uint8 else v.tolist() for v in values]
+        flat = [x[0] if isinstance(x, list) and len(x) == 1 else x for x in decoded]
+        return flat if len(flat) > 1 else flat[0]
+
+    arch = field("general.architecture")
+    tensors = {t.name: t for t in reader.tensors}
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    facts = {"architecture": arch, "hidden_size": field(f"{arch}.embedding_length"),
+             "num_layers": field(f"{arch}.block_count"),
+             "vocab_size": len(tokens.data) if tokens is not None else None}
+    if arch == "eagle3":
+        layers = field(f"{arch}.target_layers") or field(f"{arch}.extract_layers")
+        facts.update(target_layers=[int(x) for x in (layers if isinstance(layers, list) else [layers])],
+                     target_hidden_size=field(f"{arch}.target_hidden_size"),
+                     draft_vocab_size=int(tensors["d2t"].shape[0]) if "d2t" in tensors else facts["vocab_size"])
+    return facts
+
+
+def check_draft_gguf(path: Path, meta: dict) -> dict:
+    """The converted file read back: it must tap the layers the draft was trained on and
+    keep its width and vocabulary map, or nothing is written."""
+    from specft.drafts.layouts import vllm_aux_ids
+
+    facts = gguf_facts(path)
+    expected = {"architecture": "eagle3", "target_layers": vllm_aux_ids(meta),
+                "target_hidden_size": meta.get("target_hidden_size", meta["hidden_size"]),
+                "draft_vocab_size": meta.get("draft_vocab_size") or meta["target_vocab_size"]}
+    for key, want in expected.items():
+        if facts.get(key) != want:
+            raise SpecftError(f"--layout gguf: llama.cpp's converter wrote {key}={facts.get(key)}, the draft needs "
+                              f"{want}; nothing was written")
+    return facts
+
+
+def check_pair(target_gguf: Path, draft_gguf: Path) -> None:
+    """A draft GGUF fits a target GGUF: the same vocabulary and the width it was trained on."""
+    target, draft = gguf_facts(target_gguf), gguf_facts(draft_gguf)
+    if draft.get("architecture") != "eagle3":
+        return
+    if draft.get("target_hidden_size") != target["hidden_size"]:
+        raise SpecftError(f"draft {draft_gguf.name} was exported for a target of width {draft['target_hidden_size']}, "
+                          f"{target_gguf.name} has {target['hidden_size']}")
+    if draft.get("vocab_size") != target["vocab_size"]:
+        raise SpecftError(f"draft {draft_gguf.name} carries a vocabulary of {draft['vocab_size']} tokens, "
+                          f"{target_gguf.name} has {target['vocab_size']}")
+    if max(draft["target_layers"]) > (target.get("num_layers") or 0):
+        raise SpecftError(f"draft {draft_gguf.name} taps layer {max(draft['target_layers'])}, beyond the target")

@@ -1,0 +1,35 @@
+"""GGUF files through llama.cpp's own tools: convert_hf_to_gguf.py for a target or a draft,
+llama-quantize for the quantized types. specft writes no GGUF itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from specft.errors import SpecftError
+from specft.llamacpp.install import binary, converter
+
+
+def _run(args: list[str], what: str, env: dict | None = None, timeout_s: float = 3600) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout_s)
+    if done.returncode != 0:
+        last = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if ln.strip()]
+        raise SpecftError(f"{what} failed: {last[-1] if last else f'exit code {done.returncode}'}")
+
+
+def hf_to_gguf(model_dir: Path, out_file: Path, outtype: str = "f16", target_model_dir: Path | None = None) -> Path:
+    """llama.cpp's converter on an HF checkpoint (a draft needs its target's directory:
+    the vocabulary and the target's width come from there)."""
+    script, env = converter()
+    args = [sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out_file)]
+    if target_model_dir is not None:
+        args += ["--target-model-dir", str(target_model_dir)]
+    _run(args, f"convert_hf_to_gguf.py {model_dir}", env)
+    return out_file
+
+
+def quantize(f16_gguf: Path, out_file: Path, kind: str, threads: int = 2) -> Path:
+    _run([str(binary("llama-quantize")), str(f16_gguf), str(out_file), kind, str(threads)],
+         f"llama-quantize {kind}")
+    return out_file
