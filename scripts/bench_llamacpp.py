@@ -1,0 +1,159 @@
+"""Speed in the engine: llama-server serving a GGUF target alone and with each draft, side by side.
+
+For every target GGUF, draft (a run, exported with `specft export --layout gguf`, or a
+draft .gguf) and k, at one slot (batch 1) and at 16 concurrent requests (-np 16,
+continuous batching): generated tokens/s (min, median and max over --repeats runs, the
+configurations alternating within each repeat so the machine's drift hits all alike),
+acceptance from llama.cpp's own counters (draft_n, draft_n_accepted), and the server's
+peak RSS. Ratios are against the target alone and against the first draft (the usual
+recipe) in the same run. Prints a table and writes bench_llamacpp.json (per-prompt token
+counts included).
+
+    python scripts/bench_llamacpp.py --targets q4km=Q4_K_M.gguf q4_0=Q4_0.gguf \
+        --drafts baseline_16bit=runs/base specft=runs/ours --prompts-run runs/ours --ks 3 4 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def draft_file(spec: str, out: Path, name: str) -> Path:
+    """A draft .gguf as given, or a run exported to one (once)."""
+    from specft.eval.drafts import resolve_checkpoint
+    from specft.export.gguf import DRAFT_FILE, export_gguf
+
+    path = Path(spec)
+    if path.suffix == ".gguf":
+        return path
+    done = out / f"draft-{name}" / DRAFT_FILE
+    if not done.exists():
+        export_gguf(resolve_checkpoint(path, "draft"), done.parent, overwrite=True)
+    return done
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[list[int]], max_new_tokens: int,
+          threads: int) -> dict:
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    options = ServerOptions(target, draft, draft_n=k, slots=slots, threads=threads,
+                            ctx_per_slot=max(map(len, prompts)) + max_new_tokens + 16)
+    with LlamaServer(options) as server:
+        server.complete(prompts[0], 8)  # warm-up
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=slots) as pool:
+            outs = list(pool.map(lambda ids: server.complete(ids, max_new_tokens), prompts))
+        seconds = time.perf_counter() - start
+        rss = peak_rss_mb(server.process.pid)
+    generated = [len(o["tokens"]) for o in outs]
+    return {"seconds": seconds, "tokens": sum(generated), "tokens_per_s": sum(generated) / seconds,
+            "drafted": sum(o["timings"].get("draft_n", 0) for o in outs),
+            "accepted": sum(o["timings"].get("draft_n_accepted", 0) for o in outs),
+            "peak_rss_mb": rss, "per_prompt_tokens": generated}
+
+
+def load_prompts(run: Path, num: int, overrides: list[str]) -> list[list[int]]:
+    from check_vllm import run_config
+
+    from specft.eval.runner import load_prompts as eval_prompts
+    from specft.target_model import load_tokenizer
+
+    cfg = run_config(run.resolve(), [f"eval.num_prompts={num}", *overrides])
+    prompts, _ = eval_prompts(cfg, load_tokenizer(cfg.model))
+    return prompts
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    speeds = [r["tokens_per_s"] for r in runs]
+    drafted, accepted = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
+    return {"config": name, "tok_s_min": min(speeds), "tok_s_median": statistics.median(speeds),
+            "tok_s_max": max(speeds), "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "runs": runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", nargs="+", required=True, help="NAME=FILE.gguf")
+    ap.add_argument("--drafts", nargs="+", required=True, help="NAME=RUN_DIR or NAME=DRAFT.gguf; the first is "
+                    "the reference (the usual recipe)")
+    ap.add_argument("--prompts-run", type=Path, required=True, help="a run whose eval prompts are decoded")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--ks", type=int, nargs="+", default=[3, 4, 5])
+    ap.add_argument("--slots", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_llamacpp"))
+    ap.add_argument("overrides", nargs="*", help="fields of the prompts run's config, e.g. data.name=gsm8k")
+    args = ap.parse_intermixed_args()
+
+    from specft.export.gguf import check_pair
+    from specft.llamacpp.install import check_install, install_record
+
+    check_install()
+    args.out.mkdir(parents=True, exist_ok=True)
+    targets = dict(t.split("=", 1) for t in args.targets)
+    drafts = {name: draft_file(spec, args.out, name) for name, spec in (d.split("=", 1) for d in args.drafts)}
+    for t in targets.values():
+        for d in drafts.values():
+            check_pair(Path(t), d)
+    prompts = load_prompts(args.prompts_run, args.num_prompts, args.overrides)
+    configs = [(t, None, 0) for t in targets] + [(t, d, k) for t in targets for d in drafts for k in args.ks]
+    runs: dict[tuple, list] = {}
+    for repeat in range(args.repeats):
+        for slots in args.slots:
+            for t, d, k in configs:
+                r = serve(Path(targets[t]), drafts[d] if d else None, k, slots, prompts, args.max_new_tokens,
+                          args.threads)
+                runs.setdefault((t, d, k, slots), []).append(r)
+                print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
+                      + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
+    rows = []
+    reference = next(iter(drafts))
+    for (t, d, k, slots), rs in runs.items():
+        row = {"target": t, "draft": d or "alone", "k": k, "slots": slots, **summarize(d or "alone", rs)}
+        alone = statistics.median(x["tokens_per_s"] for x in runs[(t, None, 0, slots)])
+        row["speedup_vs_alone"] = row["tok_s_median"] / alone
+        if d:
+            ref = runs[(t, reference, k, slots)]
+            row["speed_vs_reference"] = row["tok_s_median"] / statistics.median(x["tokens_per_s"] for x in ref)
+            row["rss_vs_reference"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in ref)
+        rows.append(row)
+    lines = ["| target | draft | k | slots | tok/s min / median / max | x alone | x recipe | acceptance | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        acc = f"{r['acceptance']:.3f} ({r['accepted']}/{r['drafted']})" if r["acceptance"] is not None else "-"
+        lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
+                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r['speedup_vs_alone']:.2f} | "
+                     f"{r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {r['peak_rss_mb']:.0f} |")
+    md = "\n".join(lines)
+    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'cpu'}",
+              "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "targets": targets,
+              "drafts": {k: str(v) for k, v in drafts.items()}, "rows": rows}
+    (args.out / "bench_llamacpp.json").write_text(json.dumps(result, indent=2))
+    (args.out / "bench_llamacpp.md").write_text(md + "\n")
+    print(md)
+    print(f"wrote {args.out / 'bench_llamacpp.json'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
