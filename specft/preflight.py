@@ -15,6 +15,7 @@ from pathlib import Path
 from specft.config import DataConfig, ModelConfig, RootConfig
 from specft.errors import SpecftError
 from specft.paths import models_dir, require_writable_dir, specft_home
+from specft.quantized_checkpoints.gguf_family import is_gguf_file
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def check_model_path(model: ModelConfig) -> None:
         return  # validate.py refuses an hf model without a path; gguf may name an absolute file
     path = Path(model.path).expanduser()
     if path.exists():
-        if model.source == "hf" and _is_gguf_file(path):
+        if model.source == "hf" and is_gguf_file(path):
             return  # run as llama.cpp serves it (quant=checkpoint)
         if not path.is_dir():
             raise SpecftError(f"model.path: {model.path} is a file; give the checkpoint's directory (or a .gguf file)")
@@ -52,10 +53,6 @@ def check_model_path(model: ModelConfig) -> None:
                           f"{model.path}")
 
 
-def _is_gguf_file(path) -> bool:
-    return str(path).endswith(".gguf") and Path(path).expanduser().is_file()
-
-
 def check_checkpoint_quant(root: RootConfig) -> None:
     """quant=checkpoint runs a local quantized checkpoint; an emulated format on a
     checkpoint that is already quantized would quantize it twice."""
@@ -63,7 +60,7 @@ def check_checkpoint_quant(root: RootConfig) -> None:
 
     model, quant = root.model, root.quant
     local = model.source == "hf" and model.path and (Path(model.path).expanduser().is_dir()
-                                                     or _is_gguf_file(model.path))
+                                                     or is_gguf_file(model.path))
     if quant.from_checkpoint:
         if not local:
             raise SpecftError(f"quant=checkpoint: runs the quantized checkpoint in model.path; give a local "

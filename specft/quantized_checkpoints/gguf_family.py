@@ -57,6 +57,11 @@ ARCHITECTURES = ("llama", "qwen3")
 BLOCK_MINS = {"Q4_1": (20, 2), "Q5_1": (24, 2)}
 
 
+def is_gguf_file(path) -> bool:
+    """``model.path`` names a .gguf file (run as llama.cpp serves it)."""
+    return str(path).endswith(".gguf") and Path(path).expanduser().is_file()
+
+
 def _module_name(tensor_name: str) -> str | None:
     if tensor_name == "output.weight":
         return "lm_head"

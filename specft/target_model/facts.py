@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from specft.config import MODEL_FAMILIES
 from specft.errors import ConfigError
 from specft.quantized_checkpoints.base import read_config
+from specft.quantized_checkpoints.gguf_family import is_gguf_file
 
 # ModelConfig field -> config.json keys, first present wins (Qwen3-MoE: per-expert width)
 FACT_KEYS = {
@@ -81,19 +82,14 @@ def fill_model_facts(cfg: DictConfig) -> None:
         return
     path = None if OmegaConf.is_missing(model, "path") else model.get("path")
     model_dir = Path(str(path)).expanduser() if path else None
-    if model_dir is not None and model_dir.suffix == ".gguf" and model_dir.is_file():
-        facts = checkpoint_facts(model_dir)
-        for key in wanted:
-            if key in facts:
-                OmegaConf.update(cfg, f"model.{key}", facts[key], force_add=True)
-        return
-    if model_dir is None or not (model_dir / "config.json").is_file():
+    gguf = model_dir is not None and is_gguf_file(model_dir)
+    if not gguf and (model_dir is None or not (model_dir / "config.json").is_file()):
         if not any(_required(model, k) for k in wanted):  # defaults only: a hub id with its facts in YAML
             return
     if not path:
         raise ConfigError(f"model.path: model={model.get('name')} reads its architecture from a local "
                           "checkpoint; give model.path=DIR")
-    if not (model_dir / "config.json").is_file():
+    if not gguf and not (model_dir / "config.json").is_file():
         raise ConfigError(f"model.path: {path} is not a checkpoint directory (no config.json); model="
                           f"{model.get('name')} reads {wanted[0]} and the other facts from it")
     facts = checkpoint_facts(model_dir)
