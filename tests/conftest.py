@@ -11,6 +11,11 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def pytest_configure(config):
+    # The user's llama.cpp (make llamacpp) stays where it was installed: its default prefix
+    # is under SPECFT_HOME, which the next line moves.
+    from specft.llamacpp.install import prefix
+
+    os.environ.setdefault("SPECFT_LLAMACPP", str(prefix()))
     # Tiny models are built once per test session into a private home, never ~/.cache.
     os.environ["SPECFT_HOME"] = tempfile.mkdtemp(prefix="specft-home-")
     os.environ.setdefault("WANDB_MODE", "offline")

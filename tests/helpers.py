@@ -67,13 +67,13 @@ def float64_target(name: str):
     return model
 
 
-def checkpoint_model(path):
+def checkpoint_model(path, *overrides):
     """(model, tokenizer, quant report) of the quantized checkpoint at ``path`` as specft
     runs it (model=hf quant=checkpoint, float32)."""
     from specft.quant import apply_quant
     from specft.target_model import load_target
 
-    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32")
+    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint", "model.dtype=float32", *overrides)
     model, tokenizer = load_target(cfg.model)
     report = apply_quant(model, cfg.quant)
     return model.eval(), tokenizer, report

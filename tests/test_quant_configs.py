@@ -85,6 +85,21 @@ def test_kv_quant_changes_attention_and_is_consistent_with_a_kv_cache(tiny):
         torch.testing.assert_close(step.logits[0, -1], full[0, t], rtol=1e-9, atol=1e-9)
 
 
+def test_a_multi_token_step_on_a_kv_quantized_cache_stays_causal(tiny):
+    """A speculative verify feeds k+1 tokens onto the cache at once. The KV transform runs
+    as an attention function of its own name, which needs a mask function registered
+    beside it: without one transformers builds no mask, and the step's tokens saw each
+    other's future (logits 11 off on tiny Qwen3 in float64 before the fix)."""
+    kv_only = dataclasses.replace(quant_cfg("fp8_kv"), weight=None, activation=None)
+    model = copy.deepcopy(tiny["tiny_qwen3"]).double()
+    apply_quant(model, kv_only)
+    ids = torch.randint(0, 500, (1, 12))
+    full = model(ids).logits
+    past = model(ids[:, :8], use_cache=True).past_key_values
+    verify = model(ids[:, 8:], past_key_values=past, use_cache=True)
+    torch.testing.assert_close(verify.logits[0], full[0, 8:], rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("override, message", [
     ("quant.weight.scheme=mx quant.weight.format=int4", "MX blocks need e4m3, e5m2 or e2m1"),
     ("quant.weight.block_size=48", "quant.weight.block_size must divide hidden_size=64, got 48"),

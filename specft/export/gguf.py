@@ -53,9 +53,10 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
     with tempfile.TemporaryDirectory(prefix="specft-gguf-") as tmp:
         tmp = Path(tmp)
         hf = export_draft(folder, tmp / "hf", layout=layout, quant="none", dtype="float32")
-        target_dir = _target_dir(target or _run_target(folder) or (meta.get("verifier") or {}).get("name_or_path"),
-                                 tmp / "target")
-        converted = hf_to_gguf(hf, tmp / DRAFT_FILE, outtype="f16", target_model_dir=target_dir)
+        target_dir, pre_tokenizer = _target_dir(
+            target or _run_target(folder) or (meta.get("verifier") or {}).get("name_or_path"), tmp / "target")
+        converted = hf_to_gguf(hf, tmp / DRAFT_FILE, outtype="f16", target_model_dir=target_dir,
+                               pre_tokenizer=pre_tokenizer)
         facts = check_draft_gguf(converted, meta)
         with sibling_lock(out, "out_dir", "specft export"):
             check_out_dir(out, overwrite)
@@ -79,26 +80,26 @@ def _run_target(folder: Path) -> str | None:
     return path if path and str(path).endswith(".gguf") else None
 
 
-def _target_dir(target: str | Path | None, scratch: Path) -> Path:
+def _target_dir(target: str | Path | None, scratch: Path) -> tuple[Path, str | None]:
     """A directory with the target's config.json and tokenizer: the one given, the GGUF or
-    checkpoint the draft was trained against (a GGUF's header written out as one)."""
+    checkpoint the draft was trained against (a GGUF's header written out as one); and a
+    GGUF's pre-tokenizer name, which the draft must carry too."""
     where = Path(target or "").expanduser()
     if where.suffix == ".gguf" and where.is_file():
-        return _hf_dir_from_gguf(where, scratch)
+        return _hf_dir_from_gguf(where, scratch), gguf_facts(where)["pre_tokenizer"]
     if (where / "config.json").is_file():
-        return where
+        return where, None
     raise SpecftError(f"--target: the draft's target {str(where) or '(unknown)'} is not a local checkpoint "
                       "directory or .gguf file; give --target DIR_OR_GGUF (its vocabulary goes into the draft)")
 
 
 def _hf_dir_from_gguf(gguf_file: Path, scratch: Path) -> Path:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from specft.quantized_checkpoints.gguf_family import hf_config
 
     scratch.mkdir(parents=True, exist_ok=True)
-    config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.save_pretrained(scratch)
+    hf_config(gguf_file).save_pretrained(scratch)
     AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name).save_pretrained(scratch)
     return scratch
 
@@ -124,7 +125,8 @@ def gguf_facts(path: Path) -> dict:
     tokens = reader.get_field("tokenizer.ggml.tokens")
     facts = {"architecture": arch, "hidden_size": field(f"{arch}.embedding_length"),
              "num_layers": field(f"{arch}.block_count"),
-             "vocab_size": len(tokens.data) if tokens is not None else None}
+             "vocab_size": len(tokens.data) if tokens is not None else None,
+             "pre_tokenizer": field("tokenizer.ggml.pre")}
     if arch == "eagle3":
         layers = field(f"{arch}.target_layers") or field(f"{arch}.extract_layers")
         facts.update(target_layers=[int(x) for x in (layers if isinstance(layers, list) else [layers])],

@@ -18,11 +18,28 @@ def _run(args: list[str], what: str, env: dict | None = None, timeout_s: float =
         raise SpecftError(f"{what} failed: {last[-1] if last else f'exit code {done.returncode}'}")
 
 
-def hf_to_gguf(model_dir: Path, out_file: Path, outtype: str = "f16", target_model_dir: Path | None = None) -> Path:
+# convert_hf_to_gguf.py with its pre-tokenizer answer fixed: it recognizes a tokenizer by a
+# hash of its output and refuses one it does not know, but for a target that is already a
+# GGUF the answer is written in it (tokenizer.ggml.pre), and the draft must carry the same.
+_WITH_PRE_TOKENIZER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import convert_hf_to_gguf as convert
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer, pre=sys.argv[2]: pre
+sys.argv = ["convert_hf_to_gguf.py", *sys.argv[3:]]
+convert.main()
+"""
+
+
+def hf_to_gguf(model_dir: Path, out_file: Path, outtype: str = "f16", target_model_dir: Path | None = None,
+               pre_tokenizer: str | None = None) -> Path:
     """llama.cpp's converter on an HF checkpoint (a draft needs its target's directory:
     the vocabulary and the target's width come from there)."""
     script, env = converter()
-    args = [sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out_file)]
+    run = [sys.executable, "-c", _WITH_PRE_TOKENIZER, str(script.parent), pre_tokenizer] if pre_tokenizer else \
+        [sys.executable, str(script)]
+    args = [*run, str(model_dir), "--outtype", outtype, "--outfile", str(out_file)]
     if target_model_dir is not None:
         args += ["--target-model-dir", str(target_model_dir)]
     _run(args, f"convert_hf_to_gguf.py {model_dir}", env)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +110,7 @@ class GgufFile(FormatFamily):
                                "ggml activation rounding, F16 KV cache")
         ckpt.gguf_file = path
         ckpt.tensor_types = types
-        ckpt.load_config = lambda: _hf_config(path)
+        ckpt.load_config = lambda: hf_config(path)
         ckpt.load_state = lambda model, dtype: _load_state(ckpt, reader, model)
         ckpt.attention.append(_f16_kv_cache)
         ckpt.compute_dtype = torch.float32
@@ -137,7 +138,7 @@ def _reader(path: Path):
 
     try:
         return gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, struct.error) as err:
         raise SpecftError(f"model.path: {path} is not a readable GGUF file ({err})") from None
 
 
@@ -161,12 +162,22 @@ def _check_types(path: Path, types: dict[str, str]) -> None:
                               "models specft runs from GGUF (Mixture-of-Experts GGUFs are not supported yet)")
 
 
-def _hf_config(path: Path):
+def hf_config(path: Path):
+    """The transformers config a GGUF's header describes. transformers maps no head width
+    from a GGUF, so a Qwen3 would get Qwen3Config's default 128 whatever the file says:
+    it is taken from ``{arch}.attention.key_length``."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    reader = _reader(path)
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except (OSError, ValueError, KeyError, struct.error) as err:
+        raise SpecftError(f"model.path: {path} is not a readable GGUF file ({err})") from None
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    head_dim = _field(reader, f"{_field(reader, 'general.architecture')}.attention.key_length")
+    if head_dim is not None and hasattr(config, "head_dim"):
+        config.head_dim = int(head_dim)
     return config
 
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from specft.config import MODEL_FAMILIES
 from specft.errors import ConfigError
 from specft.quantized_checkpoints.base import read_config
-from specft.quantized_checkpoints.gguf_family import is_gguf_file
+from specft.quantized_checkpoints.gguf_family import hf_config, is_gguf_file
 
 # ModelConfig field -> config.json keys, first present wins (Qwen3-MoE: per-expert width)
 FACT_KEYS = {
@@ -30,20 +30,10 @@ FACT_KEYS = {
 FAMILY_AUTO = "auto"
 
 
-def _gguf_config(path: Path) -> dict:
-    """The transformers config a GGUF's header describes, as config.json would hold it."""
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
-    except (OSError, ValueError, KeyError) as err:
-        raise ConfigError(f"model.path: cannot read the GGUF {path} ({err})") from None
-
-
 def checkpoint_facts(model_dir: Path) -> dict:
     """ModelConfig facts from a checkpoint's config.json (text config of a multimodal one),
     or from the header of a .gguf file."""
-    raw = _gguf_config(model_dir) if model_dir.suffix == ".gguf" else read_config(model_dir)
+    raw = hf_config(model_dir).to_dict() if model_dir.suffix == ".gguf" else read_config(model_dir)
     raw = raw.get("text_config", raw)
     facts = {field: next((raw[k] for k in keys if raw.get(k) is not None), None) for field, keys in FACT_KEYS.items()}
     if facts["head_dim"] is None and facts["hidden_size"] and facts["num_heads"]:

@@ -1,0 +1,184 @@
+"""GGUF targets (`model.path=FILE.gguf quant=checkpoint`) against llama.cpp's own numbers.
+
+The fixtures (scripts/make_gguf_fixtures.py) are a tiny random Qwen3 quantized by
+llama-quantize into Q8_0, Q4_1 and Q4_K_M, with llama.cpp's logits and layer inputs as the
+oracle. None of this needs llama.cpp installed; tests/test_llamacpp.py does.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specft.errors import SpecftError
+from specft.quantized_checkpoints import open_checkpoint
+from specft.quantized_checkpoints.ggml_activations import bf16, f16, q8_0
+
+from helpers import checkpoint_model, root_cfg
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_gguf"
+TYPES = ("Q8_0", "Q4_1", "Q4_K_M")
+# the tiny model has 3 layers; the default EAGLE-3 taps (1, N/2-1, N-4) need more
+AUX = "model.aux_layer_ids=[0,1,2]"
+
+
+def gguf_file(kind: str):
+    return FIXTURES / kind / f"tiny-{kind}.gguf"
+
+
+def _layer_errors(model, oracle) -> list[float]:
+    """Mean |specft - llama.cpp| of each layer's input, then of the logits (last rows)."""
+    rows = oracle["logits"].shape[1]
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+    errors = [(out.hidden_states[i][:, -rows:] - oracle["layer_inputs"][:, :, i]).abs().mean().item()
+              for i in range(oracle["layer_inputs"].shape[2])]
+    return errors + [(out.logits[:, -rows:] - oracle["logits"]).abs().mean().item()]
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_a_gguf_runs_closer_to_llamacpp_with_ggmls_activation_rounding(kind):
+    """The weights are exact (the embedding row llama.cpp looks up is the one specft
+    dequantizes), and rounding each linear input as ggml does for that weight type brings
+    every later layer and the logits closer to llama.cpp than float inputs do. Not bit
+    equal: float sums in another order flip a dynamic code on a rounding edge now and then.
+    Measured on this fixture (AMD EPYC, AVX-512), mean error emulated / float: layer 1
+    0.12 (Q8_0), 0.22 (Q4_1), 0.02 (Q4_K_M); logits 0.60, 0.59, 0.44."""
+    from specft.target_model import load_target
+
+    oracle = load_file(str(FIXTURES / kind / "oracle.safetensors"))
+    emulated, _, _ = checkpoint_model(gguf_file(kind), AUX)
+    # the same weights without apply_quant: float activations, float32 KV
+    cfg = root_cfg("model=hf", f"model.path={gguf_file(kind)}", "quant=checkpoint", "model.dtype=float32", AUX)
+    plain, _ = load_target(cfg.model)
+    ours, floats = _layer_errors(emulated, oracle), _layer_errors(plain.eval(), oracle)
+    assert ours[0] == 0.0 == floats[0]
+    for layer in range(1, len(ours) - 1):
+        assert ours[layer] < 0.5 * floats[layer], (layer, ours, floats)
+    assert ours[-1] < 0.8 * floats[-1], (ours, floats)
+
+
+def test_the_gguf_header_gives_the_architecture():
+    """transformers maps no head width from a GGUF (a Qwen3 would get 128); the header's
+    key_length is used. Facts and the model come from the header alone."""
+    from specft.target_model.facts import checkpoint_facts
+
+    ckpt = open_checkpoint(gguf_file("Q8_0"))
+    config = ckpt.load_config()
+    made = json.loads((FIXTURES / "made.json").read_text())["shape"]
+    assert (config.head_dim, config.num_hidden_layers, config.hidden_size, config.vocab_size) == \
+        (made["head_dim"], made["num_layers"], made["hidden_size"], made["vocab_size"])
+    facts = checkpoint_facts(gguf_file("Q8_0"))
+    assert facts["head_dim"] == made["head_dim"] and facts["num_layers"] == made["num_layers"]
+
+
+def test_each_weight_type_gets_its_ggml_activation_type():
+    _, _, report = checkpoint_model(gguf_file("Q4_K_M"), AUX)
+    ckpt = open_checkpoint(gguf_file("Q4_K_M"))
+    kinds = {ckpt.tensor_types[f"blk.0.{t}.weight"] for t in ("attn_q", "ffn_down")}
+    assert kinds <= {"Q4_K", "Q5_K", "Q6_K"}, kinds  # llama-quantize's Q4_K_M mix
+    text = json.dumps(report, default=str)
+    assert "ggml Q8_K" in text and "ggml Q8_0" not in text
+    _, _, report = checkpoint_model(gguf_file("Q4_1"), AUX)
+    assert "ggml Q8_1" in json.dumps(report, default=str)
+
+
+def test_activation_rounding_equals_gguf_pys_reference_quantizers():
+    """gguf-py's numpy quantizers are llama.cpp's Python reference (its Q8_0, F16 and BF16
+    from_float); tests/test_llamacpp.py checks Q8_0, Q8_1 and Q8_K against libggml itself."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((32, 512)) * rng.exponential(1, (32, 512))).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block: scale 0
+    for kind, ours in ((gguf.GGMLQuantizationType.Q8_0, q8_0), (gguf.GGMLQuantizationType.F16, f16),
+                       (gguf.GGMLQuantizationType.BF16, bf16)):
+        reference = dequantize(quantize(x, kind), kind)
+        assert np.array_equal(ours(torch.from_numpy(x)).numpy(), reference), kind.name
+
+
+# -- refusals: one line, nothing written ------------------------------------------------------
+
+def _tiny_gguf(path, arch="llama", tensor_type=None):
+    """A GGUF header with one tensor (gguf-py's writer), enough for open_checkpoint."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    data = np.zeros((4, 32), dtype=np.float32)
+    writer.add_tensor("blk.0.attn_q.weight", data, raw_dtype=tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_an_unsupported_architecture_is_refused(tmp_path):
+    with pytest.raises(SpecftError, match="is a GGUF of architecture gpt2; specft runs llama, qwen3"):
+        open_checkpoint(_tiny_gguf(tmp_path / "m.gguf", arch="gpt2"))
+
+
+def test_a_gguf_type_without_its_activation_path_is_refused(tmp_path, monkeypatch):
+    from specft.quantized_checkpoints import ggml_activations, gguf_family
+
+    supported = {k: v for k, v in ggml_activations.VEC_DOT_TYPE.items() if k != "Q8_0"}
+    monkeypatch.setattr(gguf_family, "VEC_DOT_TYPE", supported)
+    with pytest.raises(SpecftError, match=r"\.weight is Q8_0, a GGUF type specft cannot run exactly as llama\.cpp does"):
+        open_checkpoint(gguf_file("Q8_0"))
+
+
+def test_an_expert_tensor_is_refused(tmp_path):
+    import gguf
+
+    path = tmp_path / "moe.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 4, 32), dtype=np.float32))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    with pytest.raises(SpecftError, match="Mixture-of-Experts GGUFs are not supported yet"):
+        open_checkpoint(path)
+
+
+def test_a_folder_of_several_ggufs_and_a_damaged_file_are_refused(tmp_path):
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(gguf_file("Q8_0").read_bytes()[:4096])
+    with pytest.raises(SpecftError, match="holds 2 .gguf files; give model.path=FILE.gguf"):
+        open_checkpoint(tmp_path)
+    (tmp_path / "c.gguf").write_bytes(b"not a gguf at all")
+    with pytest.raises(SpecftError, match="is not a readable GGUF file"):
+        open_checkpoint(tmp_path / "c.gguf")
+
+
+def test_the_cli_refuses_a_damaged_gguf_in_one_line(tmp_path):
+    from conftest import run_cli
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 12)
+    out = run_cli(["train", "model=hf", f"model.path={bad}", "quant=checkpoint"], cwd=tmp_path, check=False)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "GGUF" in lines[0], out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+# -- the user's path: train on the GGUF, eval ------------------------------------------------
+
+def test_train_and_eval_against_a_gguf(tmp_path):
+    from conftest import run_cli
+
+    target = ["model=hf", f"model.path={gguf_file('Q4_K_M')}", "quant=checkpoint", AUX]
+    run_cli(["train", *target, "draft.qk_norm=false", "data.num_samples=8", "trainer.max_steps=2",
+             "hydra.run.dir=runs/ours"], cwd=tmp_path)
+    ours = tmp_path / "runs" / "ours"
+    config = json.loads((ours / "checkpoints" / "final" / "draft_config.json").read_text())
+    assert config["quant"] == "checkpoint" and config["target_hidden_size"] == 256
+    run_cli(["eval", *target, f"eval.drafts=[{ours}]", "eval.k=[2]", "eval.num_prompts=2",
+             "eval.max_new_tokens=6", f"eval.out_dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    rows = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert any(r["draft"] != "target alone" and r["proposed"] > 0 for r in rows), rows

@@ -1,0 +1,166 @@
+"""llama.cpp beside specft: the install checks (default suite, fake installs), and, marked
+`llamacpp` (`make llamacpp test-llamacpp`), what needs the real build: ggml's own activation
+quantizers, its probe, the GGUF export of a draft and llama-server serving it."""
+
+import ctypes
+import json
+import platform
+import stat
+
+import numpy as np
+import pytest
+import torch
+from test_gguf_checkpoints import AUX, FIXTURES, gguf_file
+
+from specft.errors import SpecftError
+from specft.llamacpp import install
+
+
+def _fake_install(root, isa="AVX AVX2", help_text="--spec-type draft-eagle3", machine=None):
+    (root / "bin").mkdir(parents=True)
+    (root / "install.json").write_text(json.dumps({"isa": isa, "machine": machine or platform.machine()}))
+    server = root / "bin" / "llama-server"
+    server.write_text(f"#!/bin/sh\necho '{help_text}'\n")
+    server.chmod(server.stat().st_mode | stat.S_IEXEC)
+    return root
+
+
+def test_no_install_names_the_install_command(tmp_path):
+    with pytest.raises(SpecftError, match=r"llama.cpp: no install at .*; install it with `bash scripts/install_llamacpp.sh`"):
+        install.check_install(tmp_path / "none")
+
+
+def test_a_build_for_instructions_this_cpu_lacks_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(install, "machine_isa", lambda: {"AVX", "AVX2"})
+    root = _fake_install(tmp_path / "p", isa="AVX AVX2 AVX512 AVX512_BF16")
+    with pytest.raises(SpecftError, match="was built for AVX512, AVX512_BF16, which this CPU lacks; rebuild it here"):
+        install.check_install(root)
+
+
+def test_a_server_without_eagle3_drafts_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(install, "machine_isa", lambda: {"AVX", "AVX2"})
+    root = _fake_install(tmp_path / "p", help_text="--spec-type ngram")
+    with pytest.raises(SpecftError, match="is too old: it has no --spec-type draft-eagle3"):
+        install.check_install(root)
+    good = _fake_install(tmp_path / "q")
+    assert install.check_install(good) == good
+
+
+def test_this_cpus_flags_are_read_not_assumed():
+    isa = install.machine_isa()
+    flags = open("/proc/cpuinfo").read() if platform.machine() == "x86_64" else ""
+    assert ("AVX2" in isa) == (" avx2" in flags)
+    assert ("AVX512_BF16" in isa) == (" avx512_bf16" in flags)
+
+
+# -- with the real build -------------------------------------------------------------------
+
+llamacpp = pytest.mark.llamacpp
+
+
+def _ggml_cpu():
+    lib = ctypes.CDLL(str(install.check_install() / "src" / "build" / "bin" / "libggml-cpu.so"))
+
+    class Traits(ctypes.Structure):  # ggml-cpu.h: struct ggml_type_traits_cpu
+        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                    ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
+
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
+    lib.ggml_cpu_init()
+    return lib
+
+
+def _from_float(lib, x: np.ndarray, kind) -> np.ndarray:
+    import gguf
+
+    traits = lib.ggml_get_type_traits_cpu(int(kind)).contents
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    out = np.zeros(x.size // block * size, dtype=np.uint8)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(traits.from_float)(
+        x.ctypes.data, out.ctypes.data, x.size)
+    return out
+
+
+@llamacpp
+def test_activation_rounding_is_bit_identical_to_libggml():
+    """specft's Q8_0, Q8_1 (with its block sum s) and Q8_K against libggml-cpu's own
+    from_float (the SIMD code llama.cpp runs on this CPU), on heavy-tailed data."""
+    import gguf
+
+    from specft.quantized_checkpoints.ggml_activations import q8_0, q8_1_correction, q8_k
+
+    lib, kinds = _ggml_cpu(), gguf.GGMLQuantizationType
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((64, 1536)) * rng.exponential(1, (64, 1536))).astype(np.float32)
+    x[0, :256] = 0.0
+    raw = _from_float(lib, x.ravel(), kinds.Q8_0).reshape(64, -1)
+    assert np.array_equal(gguf.quants.dequantize(raw, kinds.Q8_0), q8_0(torch.from_numpy(x)).numpy())
+    raw = _from_float(lib, x.ravel(), kinds.Q8_K).reshape(-1, 4 + 256 + 32)  # d f32, qs int8, bsums
+    deq = raw[:, 4:260].copy().view(np.int8).astype(np.float32) * raw[:, :4].copy().view(np.float32)
+    assert np.array_equal(deq.reshape(x.shape), q8_k(torch.from_numpy(x)).numpy())
+    # d f16, s f16, qs int8: 36 bytes a block (gguf-py's size table says 40 for Q8_1)
+    raw = _from_float(lib, x.ravel(), kinds.Q8_1)[: x.size // 32 * 36].reshape(-1, 36)
+    d = raw[:, :2].copy().view(np.float16).astype(np.float32)
+    s = raw[:, 2:4].copy().view(np.float16).astype(np.float32)
+    codes = raw[:, 4:].copy().view(np.int8).astype(np.float32)
+    xq, correction = q8_1_correction(torch.from_numpy(x))
+    assert np.array_equal((codes * d).reshape(x.shape), xq.numpy())
+    assert np.array_equal((s - d * codes.sum(1, keepdims=True)).reshape(64, -1), correction.numpy())
+
+
+@llamacpp
+def test_the_probe_reproduces_the_fixture_oracle():
+    """The installed build computes the fixtures' oracle again (scripts/make_gguf_fixtures.py):
+    the tests above compare against the llama.cpp users run."""
+    from safetensors.torch import load_file
+
+    from specft.llamacpp.probe import run_probe
+
+    oracle = load_file(str(FIXTURES / "Q4_K_M" / "oracle.safetensors"))
+    rows = oracle["logits"].shape[1]
+    probe = run_probe(gguf_file("Q4_K_M"), oracle["input_ids"].tolist(), ubatch=0, flash_attn="on")
+    logits = torch.from_numpy(np.stack([r[-rows:] for r in probe.logits]))
+    assert (logits - oracle["logits"]).abs().max() < 1e-3
+
+
+@llamacpp
+def test_a_draft_trained_on_a_gguf_exports_and_llama_server_speculates_with_it(tmp_path):
+    from specft.export.gguf import check_pair
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    from conftest import run_cli
+
+    target = gguf_file("Q4_K_M")
+    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
+             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
+    drafts = list((tmp_path / "export").glob("*.gguf"))
+    assert len(drafts) == 1
+    check_pair(target, drafts[0])
+    with LlamaServer(ServerOptions(target, drafts[0], draft_n=3, threads=1)) as server:
+        out = server.complete(list(range(20, 60)), 16, stop_at_eos=False)
+    assert len(out["tokens"]) == 16
+    assert out["timings"]["draft_n"] > 0, out["timings"]
+
+
+@llamacpp
+def test_a_qwen3_layer_draft_is_refused_and_nothing_is_written(tmp_path):
+    from conftest import run_cli
+
+    run_cli(["train", "model=hf", f"model.path={gguf_file('Q8_0')}", "quant=checkpoint", AUX,
+             "data.num_samples=8", "trainer.max_steps=1", "hydra.run.dir=run"], cwd=tmp_path)
+    out = run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path,
+                  check=False)
+    assert out.returncode == 2 and "train it with draft.qk_norm=false" in out.stderr
+    assert not (tmp_path / "export").exists()
+
+
+@llamacpp
+def test_a_server_that_cannot_load_its_model_is_one_error_line(tmp_path):
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(SpecftError, match="llama-server exited with code"):
+        with LlamaServer(ServerOptions(bad, None, threads=1)):
+            pass
