@@ -28,8 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def draft_file(spec: str, out: Path, name: str) -> Path:
-    """A draft .gguf as given, or a run exported to one (once)."""
+def draft_file(spec: str, out: Path, name: str, target: Path) -> Path:
+    """A draft .gguf as given, or a run exported to one (once), with ``target``'s vocabulary
+    (a draft trained on the 16-bit model records no GGUF of its own)."""
     from specft.eval.drafts import resolve_checkpoint
     from specft.export.gguf import DRAFT_FILE, export_gguf
 
@@ -38,8 +39,17 @@ def draft_file(spec: str, out: Path, name: str) -> Path:
         return path
     done = out / f"draft-{name}" / DRAFT_FILE
     if not done.exists():
-        export_gguf(resolve_checkpoint(path, "draft"), done.parent, overwrite=True)
+        export_gguf(resolve_checkpoint(path, "draft"), done.parent, target=target, overwrite=True)
     return done
+
+
+def machine() -> str:
+    from specft.llamacpp.install import machine_isa
+
+    names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+             if ln.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    return (f"{names[0] if names else platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"{' '.join(sorted(machine_isa()))}")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -66,7 +76,9 @@ def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[li
     return {"seconds": seconds, "tokens": sum(generated), "tokens_per_s": sum(generated) / seconds,
             "drafted": sum(o["timings"].get("draft_n", 0) for o in outs),
             "accepted": sum(o["timings"].get("draft_n_accepted", 0) for o in outs),
-            "peak_rss_mb": rss, "per_prompt_tokens": generated}
+            "peak_rss_mb": rss, "per_prompt_tokens": generated,
+            "per_prompt_drafted_accepted": [[o["timings"].get("draft_n", 0), o["timings"].get("draft_n_accepted", 0)]
+                                            for o in outs]}
 
 
 def load_prompts(run: Path, num: int, overrides: list[str]) -> list[list[int]]:
@@ -77,7 +89,7 @@ def load_prompts(run: Path, num: int, overrides: list[str]) -> list[list[int]]:
 
     cfg = run_config(run.resolve(), [f"eval.num_prompts={num}", *overrides])
     prompts, _ = eval_prompts(cfg, load_tokenizer(cfg.model))
-    return prompts
+    return prompts[:num]
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
@@ -111,7 +123,9 @@ def main() -> None:
     check_install()
     args.out.mkdir(parents=True, exist_ok=True)
     targets = dict(t.split("=", 1) for t in args.targets)
-    drafts = {name: draft_file(spec, args.out, name) for name, spec in (d.split("=", 1) for d in args.drafts)}
+    first_target = Path(next(iter(targets.values())))
+    drafts = {name: draft_file(spec, args.out, name, first_target)
+              for name, spec in (d.split("=", 1) for d in args.drafts)}
     for t in targets.values():
         for d in drafts.values():
             check_pair(Path(t), d)
@@ -132,20 +146,22 @@ def main() -> None:
         row = {"target": t, "draft": d or "alone", "k": k, "slots": slots, **summarize(d or "alone", rs)}
         alone = statistics.median(x["tokens_per_s"] for x in runs[(t, None, 0, slots)])
         row["speedup_vs_alone"] = row["tok_s_median"] / alone
+        row["rss_vs_alone"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in runs[(t, None, 0, slots)])
         if d:
             ref = runs[(t, reference, k, slots)]
             row["speed_vs_reference"] = row["tok_s_median"] / statistics.median(x["tokens_per_s"] for x in ref)
             row["rss_vs_reference"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in ref)
         rows.append(row)
-    lines = ["| target | draft | k | slots | tok/s min / median / max | x alone | x recipe | acceptance | peak RSS MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | draft | k | slots | tok/s min / median / max | x alone | x recipe | acceptance | "
+             "peak RSS MB | RSS x alone |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['acceptance']:.3f} ({r['accepted']}/{r['drafted']})" if r["acceptance"] is not None else "-"
         lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
                      f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r['speedup_vs_alone']:.2f} | "
-                     f"{r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {r['peak_rss_mb']:.0f} |")
+                     f"{r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {r['peak_rss_mb']:.0f} | "
+                     f"{r['rss_vs_alone']:.3f} |")
     md = "\n".join(lines)
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'cpu'}",
+    result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "targets": targets,
               "drafts": {k: str(v) for k, v in drafts.items()}, "rows": rows}
