@@ -37,15 +37,15 @@ from check_vllm import run_config  # noqa: E402
 def specft_models(cfg, gguf: Path):
     """(emulated, float) models of one GGUF: quant=checkpoint as specft runs it, and the same
     weights without its run-time rounding."""
+    import copy
     import dataclasses
 
     from specft.quant import apply_quant
     from specft.target_model import load_target
 
-    model_cfg = dataclasses.replace(cfg.model, path=str(gguf))
-    emulated, tokenizer = load_target(model_cfg, dtype=torch.float32)
+    emulated, tokenizer = load_target(dataclasses.replace(cfg.model, path=str(gguf)), dtype=torch.float32)
+    plain = copy.deepcopy(emulated)  # the weights are dequantized once; apply_quant adds the rounding
     apply_quant(emulated, cfg.quant)
-    plain, _ = load_target(model_cfg, dtype=torch.float32)
     return emulated.eval(), plain.eval(), tokenizer
 
 

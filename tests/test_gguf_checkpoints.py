@@ -103,14 +103,13 @@ def test_activation_rounding_equals_gguf_pys_reference_quantizers():
 
 # -- refusals: one line, nothing written ------------------------------------------------------
 
-def _tiny_gguf(path, arch="llama", tensor_type=None):
-    """A GGUF header with one tensor (gguf-py's writer), enough for open_checkpoint."""
+def _tiny_gguf(path, arch="llama", tensor="blk.0.attn_q.weight", shape=(4, 32)):
+    """A GGUF header with one float tensor (gguf-py's writer), enough for open_checkpoint."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
-    data = np.zeros((4, 32), dtype=np.float32)
-    writer.add_tensor("blk.0.attn_q.weight", data, raw_dtype=tensor_type)
+    writer.add_tensor(tensor, np.zeros(shape, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -133,14 +132,7 @@ def test_a_gguf_type_without_its_activation_path_is_refused(tmp_path, monkeypatc
 
 
 def test_an_expert_tensor_is_refused(tmp_path):
-    import gguf
-
-    path = tmp_path / "moe.gguf"
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 4, 32), dtype=np.float32))
-    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
-        write()
-    writer.close()
+    path = _tiny_gguf(tmp_path / "moe.gguf", arch="qwen3", tensor="blk.0.ffn_gate_exps.weight", shape=(2, 4, 32))
     with pytest.raises(SpecftError, match="Mixture-of-Experts GGUFs are not supported yet"):
         open_checkpoint(path)
 

@@ -110,7 +110,7 @@ class GgufFile(FormatFamily):
                                "ggml activation rounding, F16 KV cache")
         ckpt.gguf_file = path
         ckpt.tensor_types = types
-        ckpt.load_config = lambda: hf_config(path)
+        ckpt.load_config = lambda: hf_config(path, reader)
         ckpt.load_state = lambda model, dtype: _load_state(ckpt, reader, model)
         ckpt.attention.append(_f16_kv_cache)
         ckpt.compute_dtype = torch.float32
@@ -162,13 +162,13 @@ def _check_types(path: Path, types: dict[str, str]) -> None:
                               "models specft runs from GGUF (Mixture-of-Experts GGUFs are not supported yet)")
 
 
-def hf_config(path: Path):
+def hf_config(path: Path, reader=None):
     """The transformers config a GGUF's header describes. transformers maps no head width
     from a GGUF, so a Qwen3 would get Qwen3Config's default 128 whatever the file says:
-    it is taken from ``{arch}.attention.key_length``."""
+    it is taken from ``{arch}.attention.key_length`` (``reader``: the file's, when open)."""
     from transformers import AutoConfig
 
-    reader = _reader(path)
+    reader = reader or _reader(path)
     try:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     except (OSError, ValueError, KeyError, struct.error) as err:
