@@ -25,6 +25,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -103,10 +105,10 @@ def summarize(name: str, runs: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--targets", nargs="+", required=True, help="NAME=FILE.gguf")
-    ap.add_argument("--drafts", nargs="+", required=True, help="NAME=RUN_DIR or NAME=DRAFT.gguf; the first is "
+    ap.add_argument("--targets", nargs="+", help="NAME=FILE.gguf")
+    ap.add_argument("--drafts", nargs="+", help="NAME=RUN_DIR or NAME=DRAFT.gguf; the first is "
                     "the reference (the usual recipe)")
-    ap.add_argument("--prompts-run", type=Path, required=True, help="a run whose eval prompts are decoded")
+    ap.add_argument("--prompts-run", type=Path, help="a run whose eval prompts are decoded")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--ks", type=int, nargs="+", default=[3, 4, 5])
@@ -115,7 +117,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out", type=Path, default=Path("runs/bench_llamacpp"))
     ap.add_argument("overrides", nargs="*", help="fields of the prompts run's config, e.g. data.name=gsm8k")
+    ap.add_argument("--from-json", type=Path, default=None, help="a saved bench_llamacpp.json: recompute its "
+                    "comparisons and table into --out without serving anything")
     args = ap.parse_intermixed_args()
+    if args.from_json:
+        result = json.loads(args.from_json.read_text())
+        result.setdefault("reference", next(iter(result["drafts"])))
+        return write(result, args.out)
+    if not (args.targets and args.drafts and args.prompts_run):
+        ap.error("--targets, --drafts and --prompts-run are required (or --from-json)")
 
     from specft.export.gguf import check_pair
     from specft.llamacpp.install import check_install, install_record
@@ -141,34 +151,73 @@ def main() -> None:
                 print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
                       + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
     rows = []
-    reference = next(iter(drafts))
     for (t, d, k, slots), rs in runs.items():
         row = {"target": t, "draft": d or "alone", "k": k, "slots": slots, **summarize(d or "alone", rs)}
         alone = statistics.median(x["tokens_per_s"] for x in runs[(t, None, 0, slots)])
         row["speedup_vs_alone"] = row["tok_s_median"] / alone
         row["rss_vs_alone"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in runs[(t, None, 0, slots)])
-        if d:
-            ref = runs[(t, reference, k, slots)]
-            row["speed_vs_reference"] = row["tok_s_median"] / statistics.median(x["tokens_per_s"] for x in ref)
-            row["rss_vs_reference"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in ref)
         rows.append(row)
-    lines = ["| target | draft | k | slots | tok/s min / median / max | x alone | x recipe | acceptance | "
-             "peak RSS MB | RSS x alone |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        acc = f"{r['acceptance']:.3f} ({r['accepted']}/{r['drafted']})" if r["acceptance"] is not None else "-"
-        lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
-                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r['speedup_vs_alone']:.2f} | "
-                     f"{r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {r['peak_rss_mb']:.0f} | "
-                     f"{r['rss_vs_alone']:.3f} |")
-    md = "\n".join(lines)
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "targets": targets,
-              "drafts": {k: str(v) for k, v in drafts.items()}, "rows": rows}
-    (args.out / "bench_llamacpp.json").write_text(json.dumps(result, indent=2))
-    (args.out / "bench_llamacpp.md").write_text(md + "\n")
+              "drafts": {k: str(v) for k, v in drafts.items()}, "reference": next(iter(drafts)), "rows": rows}
+    write(result, args.out)
+
+
+def per_prompt(row: dict) -> list[list[int]]:
+    """[rounds, proposed, accepted] per prompt, summed over the repeats (as the row's
+    acceptance is), the form specft.eval.stats takes. llama.cpp reports no rounds; with
+    --spec-draft-n-min 0 and p-min 0 a round drafts k, so rounds = drafted / k."""
+    counts = np.sum([run["per_prompt_drafted_accepted"] for run in row["runs"]], axis=0)
+    return [[-(-int(drafted) // row["k"]), int(drafted), int(accepted)] for drafted, accepted in counts]
+
+
+def add_comparisons(result: dict) -> None:
+    """Each draft row against the reference draft on the same target, k and slots: speed and
+    RSS ratios, and its acceptance with a 95% bootstrap CI over prompts, paired with the
+    reference's on the same prompts (specft.eval.stats, as `specft eval` reports them)."""
+    from specft.eval.stats import confidence, paired_difference
+
+    rows = result["rows"]
+    index = {(r["target"], r["draft"], r["k"], r["slots"]): r for r in rows}
+    for row in rows:
+        if row["draft"] == "alone":
+            continue
+        ref = index[(row["target"], result["reference"], row["k"], row["slots"])]
+        row["speed_vs_reference"] = row["tok_s_median"] / ref["tok_s_median"]
+        row["rss_vs_reference"] = row["peak_rss_mb"] / ref["peak_rss_mb"]
+        row["acceptance_ci"] = confidence(per_prompt(row), seed=0)["acceptance_rate_ci"]
+        if row is not ref:
+            diff = paired_difference(per_prompt(ref), per_prompt(row), seed=0)
+            row["acceptance_vs_reference"] = [diff["rate_difference"], *diff["rate_difference_ci"]]
+
+
+def table(result: dict) -> str:
+    lines = ["| target | draft | k | slots | tok/s min / median / max | x alone | x recipe | acceptance [95% CI] | "
+             "acceptance - recipe [95% CI] | peak RSS MB | RSS x alone |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        acc, diff = "-", "-"
+        if r["acceptance"] is not None:
+            lo, hi = r["acceptance_ci"]
+            acc = f"{r['acceptance']:.3f} [{lo:.3f}, {hi:.3f}] ({r['accepted']}/{r['drafted']})"
+        if "acceptance_vs_reference" in r:
+            d, lo, hi = r["acceptance_vs_reference"]
+            diff = f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+        lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
+                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r['speedup_vs_alone']:.2f} | "
+                     f"{r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {diff} | {r['peak_rss_mb']:.0f} | "
+                     f"{r['rss_vs_alone']:.3f} |")
+    return "\n".join(lines)
+
+
+def write(result: dict, out: Path) -> None:
+    add_comparisons(result)
+    md = table(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_llamacpp.json").write_text(json.dumps(result, indent=2))
+    (out / "bench_llamacpp.md").write_text(md + "\n")
     print(md)
-    print(f"wrote {args.out / 'bench_llamacpp.json'}")
+    print(f"wrote {out / 'bench_llamacpp.json'}")
 
 
 if __name__ == "__main__":
