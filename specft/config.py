@@ -120,6 +120,9 @@ class CacheConfig:
     # A cache another specft process is building: false refuses in one line naming it;
     # true waits for that process to end, then reads the cache (or finishes it).
     wait: bool = False
+    # What computes the features (cache/engines.py): torch (specft's emulation of the
+    # served target) or llamacpp (llama.cpp itself on a GGUF target, through its probe).
+    engine: str = "torch"
 
 
 @dataclass

@@ -154,6 +154,10 @@ def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None
     check_checkpoint_quant(root)
     check_writable_places(root, command)
     check_data(root, command)
+    if command != "eval":
+        from specft.cache.engines import FEATURE_ENGINES
+
+        FEATURE_ENGINES.get(root.cache.engine).check_ready(root)  # e.g. llama.cpp not installed
     if command == "train" and root.trainer.unrotate is not None:
         from specft.quant.rotation_source import served_rotation
 

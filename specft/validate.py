@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from specft.cache.engines import FEATURE_ENGINES
 from specft.config import (
     CACHE_DTYPES,
     DRAFT_INITS,
@@ -157,6 +158,7 @@ def validate_cache(cfg: RootConfig) -> None:
     SHARDINGS.get(c.sharding, "cache.sharding")
     if c.tp_size is not None:
         _positive(c.tp_size, "cache.tp_size")
+    FEATURE_ENGINES.get(c.engine, "cache.engine").validate(cfg)
 
 
 def validate_draft(cfg: RootConfig) -> None:

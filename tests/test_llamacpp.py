@@ -164,3 +164,61 @@ def test_a_server_that_cannot_load_its_model_is_one_error_line(tmp_path):
     with pytest.raises(SpecftError, match="llama-server exited with code"):
         with LlamaServer(ServerOptions(bad, None, threads=1)):
             pass
+
+
+def _deeper_tiny_gguf(tmp_path, kind="Q4_K_M", num_layers=5):
+    """The fixtures' tiny Qwen3 with more layers, made by llama.cpp's tools: EAGLE-3 fuses
+    three layers, and llama.cpp hands out inputs of layers only (so outputs of all but the
+    last), which the 3-layer fixture has two of."""
+    from types import SimpleNamespace
+
+    from specft.llamacpp.convert import hf_to_gguf, quantize
+    from specft.target_model.tiny import build_tiny
+
+    shape = dict(json.loads((FIXTURES / "made.json").read_text())["shape"], name="tiny_qwen3_deeper",
+                 num_layers=num_layers)
+    f32 = hf_to_gguf(build_tiny(SimpleNamespace(**shape), tmp_path / "hf"), tmp_path / "f32.gguf", "f32",
+                     pre_tokenizer="qwen2")
+    return quantize(f32, tmp_path / f"tiny-{kind}.gguf", kind)
+
+
+@llamacpp
+def test_the_llamacpp_engine_caches_llamacpps_own_features_and_its_draft_serves(tmp_path):
+    """cache.engine=llamacpp stores exactly what llama.cpp computes (to the cache's bf16):
+    the inputs of layers 1-3 for aux layers 0-2 and the final norm's output. specft's own
+    emulation of the same GGUF lands close to it but not on it. A draft trained from that
+    cache exports and llama-server speculates with it."""
+    from safetensors.torch import load_file
+
+    from specft.export.gguf import check_pair
+    from specft.llamacpp.probe import run_probe
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    from conftest import run_cli
+
+    target = _deeper_tiny_gguf(tmp_path)
+    common = ["model=hf", f"model.path={target}", "quant=checkpoint", "model.aux_layer_ids=[0,1,2]",
+              "draft.qk_norm=false", "data.num_samples=8"]
+    for engine in ("llamacpp", "torch"):
+        run_cli(["cache", *common, f"cache.engine={engine}", f"cache.dir={tmp_path / engine}",
+                 f"hydra.run.dir=cache-{engine}"], cwd=tmp_path)
+    ours, emulated = (load_file(str(next((tmp_path / e).glob("shard-*.safetensors")))) for e in ("llamacpp", "torch"))
+    bounds = ours["offsets"].tolist()
+    rows = [ours["input_ids"][a:b].tolist() for a, b in zip(bounds, bounds[1:])]
+    probe = run_probe(target, rows, layers=(1, 2, 3), logits=False, final=True)
+    aux = torch.from_numpy(np.concatenate([h.reshape(len(h), -1) for h in probe.hidden]))
+    final = torch.from_numpy(np.concatenate(probe.final))
+    assert torch.equal(ours["aux_hidden"], aux.to(torch.bfloat16))
+    assert torch.equal(ours["final_hidden"], final.to(torch.bfloat16))
+    for name in ("aux_hidden", "final_hidden"):
+        gap = (ours[name].float() - emulated[name].float()).abs().mean() / ours[name].float().abs().mean()
+        assert 0 < gap < 0.05, (name, gap)
+
+    run_cli(["train", *common, "cache.engine=llamacpp", f"cache.dir={tmp_path / 'llamacpp'}",
+             "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
+    draft = next((tmp_path / "export").glob("*.gguf"))
+    check_pair(target, draft)
+    with LlamaServer(ServerOptions(target, draft, draft_n=3, threads=1)) as server:
+        out = server.complete(list(range(20, 60)), 16, stop_at_eos=False)
+    assert out["timings"]["draft_n"] > 0, out["timings"]

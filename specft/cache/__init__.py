@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specft.cache.engines import FEATURE_ENGINES
 from specft.cache.integrity import drop_damaged
 from specft.cache.manifest import atomic_write_json
 from specft.cache.reader import CacheReader, SourcesReader
@@ -19,7 +20,7 @@ from specft.cache.writer import (
     save_side_files,
     target_head_tensors,
 )
-from specft.config import RootConfig, aux_layer_ids
+from specft.config import RootConfig
 from specft.errors import SpecftError
 from specft.launch import barrier
 
@@ -97,7 +98,6 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
     cache`), not only a sample of them."""
     from specft.data import DataSummary, load_conversations
     from specft.data import report as data_report
-    from specft.target_model import FeatureCapture
     from specft.target_model.loader import target_facts
     from specft.target_model.sharding import editing
 
@@ -109,13 +109,15 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
         log.info("cache: reusing %s", cache_dir)
         return cache_dir
     barrier(world_size)  # every rank has checked before rank 0 may write a manifest
+    engine = FEATURE_ENGINES.get(cfg.cache.engine)
+    engine.check_ready(cfg)  # a missing engine is refused before anything is computed or written
     summary = DataSummary()
     convs = load_conversations(cfg.data, summary)
     target = serve_target(cfg, rank, world_size, convs, tokenizer)
     placed, model = target.placed, target.model
     samples = served_samples(cfg, target, convs, cache_dir, summary)
     data_report(summary)
-    capture = FeatureCapture(model, aux_layer_ids(cfg.model))
+    capture = engine.capture(cfg, model)
     CacheWriter(cfg, cache_dir, provenance, placed.data_rank, placed.data_world, placed.writer,
                 placed.lockstep).write(capture, samples, tokenizer.pad_token_id)
     head = target_head_tensors(model, editing(placed))  # a collective when sharded

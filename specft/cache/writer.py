@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specft.cache.engines import FEATURE_ENGINES
 from specft.cache.integrity import file_record
 from specft.cache.key import cache_key
 from specft.cache.manifest import (
@@ -58,6 +59,7 @@ def build_provenance(cfg: RootConfig, tokenizer) -> dict:
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "data": cache_key(cfg.data),
         "dtype": cfg.cache.dtype,
+        **FEATURE_ENGINES.get(cfg.cache.engine).provenance(cfg),
     }
 
 

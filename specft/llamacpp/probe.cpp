@@ -6,11 +6,15 @@
 // what llama.cpp hands an EAGLE-3 draft), either teacher-forced or while decoding greedily.
 //
 //   specft-llama-probe MODEL.gguf IN.txt OUT_DIR [--ubatch N] [--gen N] [--layers 2,15,27]
-//                      [--threads N] [--fa on|off|auto] [--ctx N]
+//                      [--threads N] [--fa on|off|auto] [--ctx N] [--logits 0|1] [--final 0|1]
 //
 // IN.txt: one sequence per line, token ids separated by spaces. OUT_DIR/ gets
-//   logits.f32  [rows, n_vocab] float32, rows of all sequences one after another
+//   logits.f32  [rows, n_vocab] float32, rows of all sequences one after another (not
+//               with --logits 0: stage 1 needs the features only, and a vocabulary-wide
+//               row per token would be most of the bytes)
 //   hidden.f32  [rows, n_layers, n_embd] float32 (only with --layers)
+//   final.f32   [rows, n_embd] float32, the final norm's output that the lm_head reads
+//               (only with --final 1: the context then also returns embeddings)
 //   tokens.txt  one line per sequence: the tokens the rows' logits predict after
 //               (teacher-forced: the input shifted by one; --gen: the greedy tokens)
 //   meta.json   rows per sequence, n_vocab, n_embd, layers, options
@@ -36,6 +40,8 @@ struct Options {
     int ctx = 4096;
     std::string fa = "auto";
     std::vector<int> layers;
+    bool logits = true;
+    bool final = false;
 };
 
 static std::vector<int> parse_ints(const std::string & text, char sep) {
@@ -59,6 +65,7 @@ static void quiet_log(ggml_log_level level, const char * text, void *) {
 struct Writer {
     FILE * logits = nullptr;
     FILE * hidden = nullptr;
+    FILE * final = nullptr;
     int n_vocab = 0;
     int n_embd = 0;
 };
@@ -83,7 +90,12 @@ static bool decode_rows(llama_context * ctx, const std::vector<llama_token> & to
         return false;
     }
     for (int i = 0; i < n; ++i) {
-        fwrite(llama_get_logits_ith(ctx, i), sizeof(float), w.n_vocab, w.logits);
+        if (w.logits) {
+            fwrite(llama_get_logits_ith(ctx, i), sizeof(float), w.n_vocab, w.logits);
+        }
+        if (w.final) {
+            fwrite(llama_get_embeddings_ith(ctx, i), sizeof(float), w.n_embd, w.final);
+        }
         for (int layer : opt.layers) {
             const float * rows = llama_get_embeddings_layer_inp(ctx, (uint32_t) layer);
             fwrite(rows + (size_t) i * w.n_embd, sizeof(float), w.n_embd, w.hidden);
@@ -105,7 +117,7 @@ static int argmax(const float * row, int n) {
 int main(int argc, char ** argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: specft-llama-probe MODEL.gguf IN.txt OUT_DIR [--ubatch N] [--gen N] "
-                        "[--layers a,b,c] [--threads N] [--fa on|off|auto] [--ctx N]\n");
+                        "[--layers a,b,c] [--threads N] [--fa on|off|auto] [--ctx N] [--logits 0|1] [--final 0|1]\n");
         return 2;
     }
     const std::string model_path = argv[1], in_path = argv[2], out_dir = argv[3];
@@ -118,6 +130,8 @@ int main(int argc, char ** argv) {
         else if (key == "--ctx") opt.ctx = std::atoi(value.c_str());
         else if (key == "--fa") opt.fa = value;
         else if (key == "--layers") opt.layers = parse_ints(value, ',');
+        else if (key == "--logits") opt.logits = value != "0";
+        else if (key == "--final") opt.final = value != "0";
         else { fprintf(stderr, "specft-llama-probe: unknown option %s\n", key.c_str()); return 2; }
     }
 
@@ -142,6 +156,10 @@ int main(int argc, char ** argv) {
     cp.n_ubatch = opt.ctx;
     cp.n_threads = opt.threads;
     cp.n_threads_batch = opt.threads;
+    // embeddings on: every row also returns the final norm's output (pooling none keeps
+    // one per token); the logits are computed either way
+    cp.embeddings = opt.final;
+    cp.pooling_type = LLAMA_POOLING_TYPE_NONE;
     cp.flash_attn_type = opt.fa == "on" ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                        : opt.fa == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
     llama_context * ctx = llama_init_from_model(model, cp);
@@ -151,10 +169,11 @@ int main(int argc, char ** argv) {
     Writer w;
     w.n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     w.n_embd = llama_model_n_embd(model);
-    w.logits = fopen((out_dir + "/logits.f32").c_str(), "wb");
+    w.logits = opt.logits ? fopen((out_dir + "/logits.f32").c_str(), "wb") : nullptr;
     w.hidden = opt.layers.empty() ? nullptr : fopen((out_dir + "/hidden.f32").c_str(), "wb");
+    w.final = opt.final ? fopen((out_dir + "/final.f32").c_str(), "wb") : nullptr;
     FILE * tokens_out = fopen((out_dir + "/tokens.txt").c_str(), "w");
-    if (!w.logits || !tokens_out || (!opt.layers.empty() && !w.hidden)) {
+    if ((opt.logits && !w.logits) || !tokens_out || (!opt.layers.empty() && !w.hidden) || (opt.final && !w.final)) {
         fprintf(stderr, "specft-llama-probe: cannot write to %s\n", out_dir.c_str());
         return 1;
     }
@@ -195,8 +214,9 @@ int main(int argc, char ** argv) {
         rows.push_back(n_rows);
         fprintf(tokens_out, "%s\n", predicted.c_str());
     }
-    fclose(w.logits);
+    if (w.logits) fclose(w.logits);
     if (w.hidden) fclose(w.hidden);
+    if (w.final) fclose(w.final);
     fclose(tokens_out);
 
     FILE * meta = fopen((out_dir + "/meta.json").c_str(), "w");

@@ -3,6 +3,7 @@ built by the install script against the installed libllama)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import tempfile
@@ -12,38 +13,60 @@ from pathlib import Path
 import numpy as np
 
 from specft.errors import SpecftError
-from specft.llamacpp.install import binary
+from specft.llamacpp.install import INSTALL_COMMAND, binary, check_install, install_record
+
+PROBE_SOURCE = Path(__file__).with_name("probe.cpp")
 
 
 @dataclass
 class ProbeResult:
-    logits: list[np.ndarray]  # per sequence [rows, vocab]
+    logits: list[np.ndarray] | None  # per sequence [rows, vocab]
     hidden: list[np.ndarray] | None  # per sequence [rows, len(layers), hidden]
     predicted: list[list[int]]  # per sequence: the tokens the rows predict after
+    final: list[np.ndarray] | None = None  # per sequence [rows, hidden]: the final norm's output
+
+
+def probe_binary() -> Path:
+    """The installed probe, once it is known to be built from this specft's probe.cpp (an
+    older one lacks options this code passes and would fail on them mid-run)."""
+    built = install_record(check_install()).get("probe_sha256")
+    if built != hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest():
+        raise SpecftError(f"llama.cpp: specft-llama-probe in {check_install()} was built from another specft's "
+                          f"probe.cpp; rebuild it with `{INSTALL_COMMAND}` (it reuses the llama.cpp build)")
+    return binary("specft-llama-probe")
+
+
+def _split(flat: np.ndarray | None, rows: list[int]) -> list[np.ndarray] | None:
+    if flat is None:
+        return None
+    bounds = np.cumsum([0, *rows])
+    return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def run_probe(gguf: Path, sequences: list[list[int]], *, layers: tuple[int, ...] = (), ubatch: int = 0,
-              gen: int = 0, threads: int = 2, flash_attn: str = "auto", timeout_s: float = 1800) -> ProbeResult:
+              gen: int = 0, threads: int = 2, flash_attn: str = "auto", logits: bool = True,
+              final: bool = False, timeout_s: float = 1800) -> ProbeResult:
     """``ubatch``: tokens per llama_decode (0: the whole sequence, as prompt processing;
     1: one at a time, as decoding). ``gen``: greedy tokens after each sequence instead of
-    teacher forcing."""
+    teacher forcing. ``logits``/``final``: return each row's logits / final-norm output."""
     with tempfile.TemporaryDirectory(prefix="specft-probe-") as tmp:
         tmp = Path(tmp)
         (tmp / "in.txt").write_text("".join(" ".join(map(str, s)) + "\n" for s in sequences))
-        args = [str(binary("specft-llama-probe")), str(gguf), str(tmp / "in.txt"), str(tmp), "--ubatch", str(ubatch),
+        args = [str(probe_binary()), str(gguf), str(tmp / "in.txt"), str(tmp), "--ubatch", str(ubatch),
                 "--gen", str(gen), "--threads", str(threads), "--fa", flash_attn,
-                "--ctx", str(max(len(s) for s in sequences) + gen + 8)]
+                "--ctx", str(max(len(s) for s in sequences) + gen + 8), "--logits", str(int(logits)),
+                "--final", str(int(final))]
         if layers:
             args += ["--layers", ",".join(map(str, layers))]
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         if done.returncode != 0:
             raise SpecftError(f"specft-llama-probe failed on {gguf} ({done.stderr.strip()[-300:]})")
         meta = json.loads((tmp / "meta.json").read_text())
-        logits = np.fromfile(tmp / "logits.f32", dtype=np.float32).reshape(-1, meta["n_vocab"])
-        hidden = (np.fromfile(tmp / "hidden.f32", dtype=np.float32).reshape(-1, len(layers), meta["n_embd"])
+        width = meta["n_embd"]
+        flat_logits = np.fromfile(tmp / "logits.f32", dtype=np.float32).reshape(-1, meta["n_vocab"]) if logits else None
+        hidden = (np.fromfile(tmp / "hidden.f32", dtype=np.float32).reshape(-1, len(layers), width)
                   if layers else None)
+        flat_final = np.fromfile(tmp / "final.f32", dtype=np.float32).reshape(-1, width) if final else None
         predicted = [[int(t) for t in line.split()] for line in (tmp / "tokens.txt").read_text().splitlines()]
-    bounds = np.cumsum([0, *meta["rows"]])
-    return ProbeResult([logits[a:b] for a, b in zip(bounds, bounds[1:])],
-                       [hidden[a:b] for a, b in zip(bounds, bounds[1:])] if hidden is not None else None,
-                       predicted)
+    rows = meta["rows"]
+    return ProbeResult(_split(flat_logits, rows), _split(hidden, rows), predicted, _split(flat_final, rows))

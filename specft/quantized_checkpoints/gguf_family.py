@@ -97,7 +97,7 @@ class GgufFile(FormatFamily):
         return not (model_dir / "config.json").is_file() and any(model_dir.glob("*.gguf"))
 
     def open(self, model_dir: Path) -> CheckpointQuant:
-        path = _gguf_path(Path(model_dir))
+        path = gguf_path(Path(model_dir))
         reader = _reader(path)
         arch = _field(reader, "general.architecture")
         if arch not in ARCHITECTURES:
@@ -124,7 +124,7 @@ def _f16_kv_cache(query, key, value):
 _f16_kv_cache.description = "keys and values in F16 (llama.cpp's default KV cache)"
 
 
-def _gguf_path(where: Path) -> Path:
+def gguf_path(where: Path) -> Path:
     if where.suffix == ".gguf":
         return where
     files = sorted(where.glob("*.gguf"))
