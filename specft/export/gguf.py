@@ -1,12 +1,16 @@
 """`specft export RUN OUT --layout gguf`: a draft llama-server loads (`-md OUT/draft.gguf
---spec-type draft-eagle3`), written by llama.cpp's own converter from specft's EAGLE-3
-export, then read back and checked: architecture, the target layers it taps, the target
-width and vocabulary, and the draft vocabulary map.
+--spec-type draft-eagle3` or `draft-dflash`), written by llama.cpp's own converter from
+specft's EAGLE-3 or DFlash export, then read back and checked: architecture, the target
+layers it taps, the target width and vocabulary, the draft vocabulary map, DFlash's block.
 
-llama.cpp's EAGLE3 graph (src/models/eagle3.cpp) has a Llama decoder layer: no q/k norm.
-A Qwen3-layer draft (specft's default for Qwen3 targets, q/k norm) is refused in one line
-rather than converted into a file that would load and compute without its norms; train
-one for llama.cpp with draft.qk_norm=false.
+What llama.cpp cannot take is refused in one line rather than converted into a file that
+would load and compute something else:
+- its EAGLE3 graph (src/models/eagle3.cpp) has a Llama decoder layer, no q/k norm: a
+  Qwen3-layer EAGLE-3 draft (specft's default for Qwen3 targets) is refused; train one for
+  llama.cpp with draft.qk_norm=false;
+- its DFlash converter keeps no draft vocabulary map (d2t) and its graph embeds with the
+  target's own token embedding: a DFlash draft must cover the whole target vocabulary and
+  have the target's width.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +33,38 @@ from specft.lock import sibling_lock
 log = logging.getLogger(__name__)
 
 DRAFT_FILE = "draft.gguf"
-# specft architecture -> (specft's HF layout the converter reads, llama-server --spec-type)
-CONVERTIBLE = {"eagle3": ("eagle3", "draft-eagle3")}
+
+
+def _eagle3_refusal(meta: dict) -> str | None:
+    if meta.get("qk_norm"):
+        return ("this draft's decoder layer has q/k norm (a Qwen3 layer), which llama.cpp's EAGLE3 graph does "
+                "not compute; train it with draft.qk_norm=false to serve it with llama.cpp")
+    return None
+
+
+def _dflash_refusal(meta: dict) -> str | None:
+    vocab = meta["target_vocab_size"]
+    if (meta.get("draft_vocab_size") or vocab) != vocab:
+        return (f"llama.cpp's DFlash converter keeps no draft vocabulary map (d2t), and this draft predicts "
+                f"{meta['draft_vocab_size']} of the target's {vocab} tokens; train it with draft.vocab_size={vocab}")
+    if meta["hidden_size"] != meta.get("target_hidden_size", meta["hidden_size"]):
+        return (f"llama.cpp's DFlash graph embeds with the target's token embedding (width "
+                f"{meta['target_hidden_size']}), and this draft is {meta['hidden_size']} wide; train it without "
+                "draft.hidden_size")
+    return None
+
+
+@dataclass(frozen=True)
+class GgufDraft:
+    layout: str  # specft's HF layout the converter reads
+    spec_type: str  # llama-server --spec-type
+    architecture: str  # general.architecture the converter writes
+    refusal: Callable[[dict], str | None]  # why llama.cpp cannot take this draft, if it cannot
+
+
+# specft draft architecture -> how llama.cpp takes it
+CONVERTIBLE = {"eagle3": GgufDraft("eagle3", "draft-eagle3", "eagle3", _eagle3_refusal),
+               "dflash": GgufDraft("dflash", "draft-dflash", "dflash", _dflash_refusal)}
 
 
 def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path | None = None,
@@ -45,14 +81,13 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
     if arch not in CONVERTIBLE:
         raise SpecftError(f"--layout gguf: llama.cpp's converter takes no specft {arch} draft yet; "
                           f"convertible: {', '.join(CONVERTIBLE)}")
-    if meta.get("qk_norm"):
-        raise SpecftError("--layout gguf: this draft's decoder layer has q/k norm (a Qwen3 layer), which "
-                          "llama.cpp's EAGLE3 graph does not compute; train it with draft.qk_norm=false to serve "
-                          "it with llama.cpp")
-    layout, spec_type = CONVERTIBLE[arch]
+    kind = CONVERTIBLE[arch]
+    reason = kind.refusal(meta)
+    if reason:
+        raise SpecftError(f"--layout gguf: {reason}")
     with tempfile.TemporaryDirectory(prefix="specft-gguf-") as tmp:
         tmp = Path(tmp)
-        hf = export_draft(folder, tmp / "hf", layout=layout, quant="none", dtype="float32")
+        hf = export_draft(folder, tmp / "hf", layout=kind.layout, quant="none", dtype="float32")
         target_dir, pre_tokenizer = _target_dir(
             target or _run_target(folder) or (meta.get("verifier") or {}).get("name_or_path"), tmp / "target")
         converted = hf_to_gguf(hf, tmp / DRAFT_FILE, outtype="f16", target_model_dir=target_dir,
@@ -65,8 +100,8 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
             shutil.copyfile(converted, staged)
             os.chmod(staged, 0o644)
             os.replace(staged, out / DRAFT_FILE)
-            (out / "serving.json").write_text(json.dumps({"spec_type": spec_type, **facts}, indent=2))
-    log.info("export: gguf draft (%s) -> %s", spec_type, out / DRAFT_FILE)
+            (out / "serving.json").write_text(json.dumps({"spec_type": kind.spec_type, **facts}, indent=2))
+    log.info("export: gguf draft (%s) -> %s", kind.spec_type, out / DRAFT_FILE)
     return out
 
 
@@ -127,11 +162,17 @@ def gguf_facts(path: Path) -> dict:
              "num_layers": field(f"{arch}.block_count"),
              "vocab_size": len(tokens.data) if tokens is not None else None,
              "pre_tokenizer": field("tokenizer.ggml.pre")}
-    if arch == "eagle3":
+    if arch in ("eagle3", "dflash"):
         layers = field(f"{arch}.target_layers") or field(f"{arch}.extract_layers")
-        facts.update(target_layers=[int(x) for x in (layers if isinstance(layers, list) else [layers])],
-                     target_hidden_size=field(f"{arch}.target_hidden_size"),
+        facts["target_layers"] = [int(x) for x in (layers if isinstance(layers, list) else [layers])]
+    if arch == "eagle3":
+        facts.update(target_hidden_size=field(f"{arch}.target_hidden_size"),
                      draft_vocab_size=int(tensors["d2t"].shape[0]) if "d2t" in tensors else facts["vocab_size"])
+    if arch == "dflash":  # fc reads the target layers side by side; the head covers the vocabulary
+        facts.update(target_hidden_size=int(tensors["fc.weight"].shape[0]) // len(facts["target_layers"]),
+                     draft_vocab_size=int(tensors["output.weight"].shape[1]) if "output.weight" in tensors
+                     else facts["vocab_size"],
+                     block_size=field(f"{arch}.block_size"))
     return facts
 
 
@@ -141,9 +182,12 @@ def check_draft_gguf(path: Path, meta: dict) -> dict:
     from specft.drafts.layouts import vllm_aux_ids
 
     facts = gguf_facts(path)
-    expected = {"architecture": "eagle3", "target_layers": vllm_aux_ids(meta),
+    arch = CONVERTIBLE[meta.get("architecture", "eagle3")].architecture
+    expected = {"architecture": arch, "target_layers": vllm_aux_ids(meta),
                 "target_hidden_size": meta.get("target_hidden_size", meta["hidden_size"]),
                 "draft_vocab_size": meta.get("draft_vocab_size") or meta["target_vocab_size"]}
+    if arch == "dflash":  # the bonus token and k mask slots
+        expected["block_size"] = meta["max_draft_tokens"] + 1
     for key, want in expected.items():
         if facts.get(key) != want:
             raise SpecftError(f"--layout gguf: llama.cpp's converter wrote {key}={facts.get(key)}, the draft needs "
@@ -154,7 +198,7 @@ def check_draft_gguf(path: Path, meta: dict) -> dict:
 def check_pair(target_gguf: Path, draft_gguf: Path) -> None:
     """A draft GGUF fits a target GGUF: the same vocabulary and the width it was trained on."""
     target, draft = gguf_facts(target_gguf), gguf_facts(draft_gguf)
-    if draft.get("architecture") != "eagle3":
+    if draft.get("architecture") not in ("eagle3", "dflash"):
         return
     if draft.get("target_hidden_size") != target["hidden_size"]:
         raise SpecftError(f"draft {draft_gguf.name} was exported for a target of width {draft['target_hidden_size']}, "

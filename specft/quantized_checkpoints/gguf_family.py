@@ -53,6 +53,7 @@ LAYER_TENSORS = {
 # tensors read only as lookups or elementwise (no activation quantization)
 NOT_MATMULS = re.compile(r"(token_embd|.*norm|rope_freqs)\.weight$")
 ARCHITECTURES = ("llama", "qwen3")
+CAUSAL_LM_CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # bytes of one block and the offset of its F16 minimum, for the types whose product adds
 # min * s (Q8_1's block sum)
 BLOCK_MINS = {"Q4_1": (20, 2), "Q5_1": (24, 2)}
@@ -178,6 +179,9 @@ def hf_config(path: Path, reader=None):
     head_dim = _field(reader, f"{_field(reader, 'general.architecture')}.attention.key_length")
     if head_dim is not None and hasattr(config, "head_dim"):
         config.head_dim = int(head_dim)
+    # the model class, which transformers leaves out too (llama.cpp's converter reads it
+    # from a draft's target directory)
+    config.architectures = config.architectures or [CAUSAL_LM_CLASSES[config.model_type]]
     return config
 
 
