@@ -53,6 +53,21 @@ def test_this_cpus_flags_are_read_not_assumed():
     assert ("AVX512_BF16" in isa) == (" avx512_bf16" in flags)
 
 
+def test_a_dflash_draft_over_part_of_the_vocabulary_is_refused_for_llamacpp(tmp_path):
+    """llama.cpp's DFlash converter keeps no d2t map: refused before anything is converted
+    (no llama.cpp needed to say so) and nothing is written."""
+    from conftest import run_cli
+
+    run_cli(["train", "model=hf", f"model.path={gguf_file('Q8_0')}", "quant=checkpoint", "draft=dflash",
+             "model.aux_layer_ids=[0,1]", "draft.vocab_size=512", "data.num_samples=8", "trainer.max_steps=1",
+             "hydra.run.dir=run"], cwd=tmp_path)
+    out = run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path,
+                  check=False)
+    assert out.returncode == 2 and "keeps no draft vocabulary map (d2t)" in out.stderr
+    assert "draft.vocab_size=2048" in out.stderr
+    assert not (tmp_path / "export").exists()
+
+
 # -- with the real build -------------------------------------------------------------------
 
 llamacpp = pytest.mark.llamacpp
@@ -221,4 +236,27 @@ def test_the_llamacpp_engine_caches_llamacpps_own_features_and_its_draft_serves(
     check_pair(target, draft)
     with LlamaServer(ServerOptions(target, draft, draft_n=3, threads=1)) as server:
         out = server.complete(list(range(20, 60)), 16, stop_at_eos=False)
+    assert out["timings"]["draft_n"] > 0, out["timings"]
+
+
+@llamacpp
+def test_a_dflash_draft_exports_and_llama_server_drafts_blocks_with_it(tmp_path):
+    from specft.export.gguf import check_pair
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    from conftest import run_cli
+
+    target = gguf_file("Q4_K_M")
+    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", "draft=dflash",
+             "model.aux_layer_ids=[0,1]", "draft.vocab_size=2048", "data.num_samples=8", "trainer.max_steps=2",
+             "hydra.run.dir=run"], cwd=tmp_path)
+    run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
+    serving = json.loads((tmp_path / "export" / "serving.json").read_text())
+    assert serving["spec_type"] == "draft-dflash" and serving["target_layers"] == [1, 2]
+    assert serving["block_size"] == 6 and serving["draft_vocab_size"] == 2048
+    draft = tmp_path / "export" / "draft.gguf"
+    check_pair(target, draft)
+    with LlamaServer(ServerOptions(target, draft, spec_type="draft-dflash", draft_n=5, threads=1)) as server:
+        out = server.complete(list(range(20, 60)), 16, stop_at_eos=False)
+    assert len(out["tokens"]) == 16
     assert out["timings"]["draft_n"] > 0, out["timings"]
