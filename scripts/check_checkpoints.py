@@ -102,9 +102,11 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def compare(model_dir: Path, n_prompts: int, new_tokens: int) -> dict:
+def compare(model_dir: Path, n_prompts: int, new_tokens: int, oracle_dir: Path | None = None) -> dict:
+    """``oracle_dir``: the library's checkpoint the oracle runs, when ``model_dir`` holds the
+    same tensors in another family's layout (the HF FP8 fixture, renamed from FP8_BLOCK)."""
     ours, tokenizer = specft_model(model_dir)
-    oracle, how = oracle_model(model_dir)
+    oracle, how = oracle_model(oracle_dir or model_dir)
     worst_hidden, mean_hidden, worst_logits, mean_logits, identical = 0.0, [], 0.0, [], 0
     for ids in prompts(tokenizer, n_prompts):
         x = torch.tensor([ids])
@@ -119,7 +121,7 @@ def compare(model_dir: Path, n_prompts: int, new_tokens: int) -> dict:
         gb = oracle.generate(x, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         identical += int(torch.equal(ga, gb))
     qcfg = json.loads((model_dir / "config.json").read_text())["quantization_config"]
-    return {"checkpoint": model_dir.name, "format": qcfg["format"], "summary": ours.specft_checkpoint.summary,
+    return {"checkpoint": model_dir.name, "format": qcfg.get("format", qcfg["quant_method"]), "summary": ours.specft_checkpoint.summary,
             "oracle": how, "hidden_rel_err_max": worst_hidden, "hidden_rel_err_mean": sum(mean_hidden) / len(mean_hidden),
             "logits_rel_err_max": worst_logits, "logits_rel_err_mean": sum(mean_logits) / len(mean_logits),
             "greedy_identical": identical, "prompts": n_prompts, "new_tokens": new_tokens}

@@ -167,10 +167,10 @@ def test_quant_checkpoint_on_an_unquantized_model_is_refused(tmp_path):
 def test_an_unsupported_format_is_named_with_the_supported_ones(tmp_path):
     other = _copy(tmp_path)
     config = json.loads((other / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    config["quantization_config"] = {"quant_method": "mxfp4"}  # gpt-oss's
     (other / "config.json").write_text(json.dumps(config))
     _run_unchanged(tmp_path, ["cache", "model=hf", f"model.path={other}", "quant=checkpoint"],
-                   "is a hf-fp8 checkpoint, which specft cannot run yet", "supported: compressed-tensors")
+                   "is a hf-mxfp4 checkpoint, which specft cannot run yet", "supported: compressed-tensors")
 
 
 def test_a_missing_scale_is_named(tmp_path):

@@ -23,9 +23,8 @@ class ByQuantMethod(FormatFamily):
         return (read_config(model_dir).get("quantization_config") or {}).get("quant_method") == self.method
 
 
-# quant_method -> the family's name: Qwen3-*-FP8 block-wise FP8, gpt-oss MXFP4, and
+# quant_method -> the family's name: gpt-oss MXFP4 and
 # transformers' other loaders
-for method, name in (("fp8", "hf-fp8"), ("mxfp4", "hf-mxfp4"), ("gptq", "gptq"), ("awq", "awq"),
-                     ("autoround", "autoround"), ("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"),
+for method, name in (("mxfp4", "hf-mxfp4"), ("autoround", "autoround"), ("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"),
                      ("quark", "quark")):
     CHECKPOINT_FORMATS.register(name)(ByQuantMethod(name, method))

@@ -1,0 +1,148 @@
+"""quant=checkpoint on GPTQ and AWQ checkpoints (Qwen's -GPTQ-Int4/-Int8 and -AWQ releases'
+formats), against GPTQModel's own CPU kernels.
+
+tests/fixtures/checkpoints/tiny_qwen3_gptq_awq/ was written on this CPU by the real tools
+from specft's tiny Qwen3 (scripts/make_gptq_awq_checkpoints.py, each in its own venv):
+AutoRound 0.16's ``auto_gptq`` (GPTQ v1, symmetric) and ``auto_awq`` (AWQ GEMM, zero
+points) exports, and GPTQModel 7.7's GPTQ with act-order (``desc_act``, a shuffled
+``g_idx``). Each ``oracle.safetensors`` is GPTQModel's: every layer's weight as its torch
+kernel dequantizes it, and its model's forward in float16 (its GPTQ torch kernel takes 16-bit
+activations only). The weights must be bit-equal; the forward agrees to float16 rounding,
+not bit for bit, since float16 GEMMs round by route (``F.linear`` and ``matmul`` of the same
+operands already differ in the last bit on this CPU).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specft.errors import SpecftError
+from specft.quantized_checkpoints import open_checkpoint
+
+from helpers import checkpoint_model, max_rel
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_gptq_awq"
+CHECKPOINTS = ("gptq_autoround", "awq_autoround", "gptq_actorder")
+FP16 = ("model.dtype=float16", "eval.dtype=float32")
+
+
+def _qcfg(name: str) -> dict:
+    return json.loads((FIXTURES / name / "config.json").read_text())["quantization_config"]
+
+
+def test_the_fixtures_were_made_by_the_tools():
+    made = json.loads((FIXTURES / "made.json").read_text())
+    assert made["tools"]["auto-round"]["auto-round"].startswith("0.16")
+    assert made["tools"]["gptqmodel"]["gptqmodel"].startswith("7.7")
+    assert (_qcfg("gptq_autoround")["quant_method"], _qcfg("gptq_autoround")["sym"]) == ("gptq", True)
+    assert (_qcfg("awq_autoround")["version"], _qcfg("awq_autoround")["zero_point"]) == ("gemm", True)
+    assert _qcfg("gptq_actorder")["desc_act"] is True
+    g_idx = load_file(str(FIXTURES / "gptq_actorder" / "model.safetensors"))["model.layers.0.mlp.down_proj.g_idx"]
+    assert not torch.equal(g_idx.long(), torch.arange(128) // 32)  # act-order really shuffled the groups
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_weights_are_bit_equal_to_gptqmodels_dequantization(name):
+    oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
+    model, _, report = checkpoint_model(FIXTURES / name, *FP16)
+    assert report.checkpoint["family"] == _qcfg(name)["quant_method"] and len(report.checkpoint["layers"]) == 56
+    state = model.state_dict()
+    layers = [k[len("dequantized."):] for k in oracle if k.startswith("dequantized.")]
+    assert len(layers) == 56
+    for layer in layers:
+        assert torch.equal(state[f"{layer}.weight"], oracle[f"dequantized.{layer}"]), layer
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_the_forward_agrees_with_gptqmodels_to_float16_rounding(name):
+    oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
+    model, tokenizer, _ = checkpoint_model(FIXTURES / name, *FP16)
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+        first = model.generate(oracle["input_ids"], max_new_tokens=1, do_sample=False,
+                               pad_token_id=tokenizer.pad_token_id)
+    for i, h in enumerate(out.hidden_states[1:]):
+        assert max_rel(h, oracle[f"hidden.{i}"]) < 5e-3, i  # measured: at most 3.3e-3
+    assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 5e-3
+    width = oracle["input_ids"].shape[1]
+    assert torch.equal(first[:, width], oracle["greedy"][:, width])
+
+
+def _copy(tmp_path, name: str) -> Path:
+    return Path(shutil.copytree(FIXTURES / name, tmp_path / name))
+
+
+def _edit_tensors(path: Path, edit) -> None:
+    tensors = load_file(str(path / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(path / "model.safetensors"))
+
+
+def _edit_config(path: Path, **qcfg) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"].update(qcfg)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def _weight(path: Path, layer: str) -> torch.Tensor:
+    model, _, _ = checkpoint_model(path, *FP16)
+    return model.state_dict()[f"{layer}.weight"]
+
+
+def test_without_its_g_idx_an_act_order_checkpoint_would_not_match(tmp_path):
+    """The check can fail: the same codes read in plain group order are far off."""
+    layer = "model.layers.0.mlp.down_proj"
+    plain = _copy(tmp_path, "gptq_actorder")
+    _edit_tensors(plain, lambda t: [t.pop(k) for k in [k for k in t if k.endswith(".g_idx")]])
+    oracle = load_file(str(FIXTURES / "gptq_actorder" / "oracle.safetensors"))[f"dequantized.{layer}"]
+    assert max_rel(_weight(plain, layer), oracle) > 0.1
+
+
+def test_gptq_v1_stores_its_zero_points_minus_one(tmp_path):
+    """Read as gptq_v2 (zero points as they are), every weight moves by one scale."""
+    layer = "model.layers.1.self_attn.o_proj"
+    v2 = _copy(tmp_path, "gptq_autoround")
+    _edit_config(v2, checkpoint_format="gptq_v2")
+    oracle = load_file(str(FIXTURES / "gptq_autoround" / "oracle.safetensors"))[f"dequantized.{layer}"]
+    assert max_rel(_weight(v2, layer), oracle) > 0.05
+
+
+@pytest.mark.parametrize("name, edit, message", [
+    ("gptq_autoround", {"checkpoint_format": "marlin"},
+     "gptq checkpoint_format 'marlin' is not supported yet; supported: gptq, gptq_v2"),
+    ("awq_autoround", {"version": "gemv_fast"}, "awq version 'gemv_fast' is not supported yet; supported: gemm"),
+    ("gptq_autoround", {"bits": 3}, "gptq with 3-bit weights is not supported yet; supported: 2, 4, 8 bits"),
+])
+def test_an_unsupported_layout_is_one_line(tmp_path, name, edit, message):
+    other = _copy(tmp_path, name)
+    _edit_config(other, **edit)
+    with pytest.raises(SpecftError, match=message):
+        open_checkpoint(other)
+
+
+def test_a_g_idx_that_is_not_a_permutation_of_the_groups_is_named(tmp_path):
+    broken = _copy(tmp_path, "gptq_actorder")
+    key = "model.layers.2.mlp.up_proj.g_idx"
+    _edit_tensors(broken, lambda t: t[key].copy_(torch.zeros_like(t[key])))
+    with pytest.raises(SpecftError, match=rf"{key} is not a permutation of 2 groups of 32 input channels"):
+        checkpoint_model(broken, *FP16)
+
+
+def test_scales_of_the_wrong_shape_are_named(tmp_path):
+    broken = _copy(tmp_path, "awq_autoround")
+    key = "model.layers.3.self_attn.q_proj.scales"
+    _edit_tensors(broken, lambda t: t.update({key: t[key][:1].clone()}))
+    with pytest.raises(SpecftError, match=rf"{key} has shape \[1, 64\], but 2 groups of 64 channels needs \[2, 64\]"):
+        checkpoint_model(broken, *FP16)
+
+
+def test_packed_tensors_of_no_layer_are_refused(tmp_path):
+    broken = _copy(tmp_path, "gptq_autoround")
+    _edit_tensors(broken, lambda t: t.update({"model.layers.0.mlp.extra_proj.qweight": torch.zeros(8, 8,
+                                                                                                   dtype=torch.int32)}))
+    with pytest.raises(SpecftError, match="model.layers.0.mlp.extra_proj.qweight belongs to no linear layer"):
+        checkpoint_model(broken, *FP16)
