@@ -2,6 +2,10 @@
 alone, for each device count, and a refusal when a plan does not fit.
 
 Formulas (all bytes; B*T = cache.batch_size x data.max_seq_len tokens per forward):
+- quant=checkpoint: the checkpoint's stored size from its quantization_config (codes plus
+  scales and zero points per group or block: HF FP8 8 + 32/16384, AWQ/GPTQ int4 group 128
+  4 + 20/128), shown beside the rows; the rows count what specft holds today, the model
+  dequantized to 16 bit, whole on every rank.
 - weights: Linear weights of the quantized layers at the format's bits (element bits plus
   the scale's bits per block: MXFP4 4 + 8/32, NVFP4 4 + 8/16, FP8 per channel 8 + 32/in),
   everything the quant config excludes (embeddings, lm_head, MoE router) and the norms in
@@ -69,11 +73,27 @@ def weight_bits(q: QuantConfig, in_features: float) -> float:
     return ELEMENT_FORMATS[q.weight.format].bits + scheme.scale_bits / scheme.elements_per_scale(q.weight, in_features)
 
 
+def stored_linear_bits(m: ModelConfig, in_features: float) -> tuple[float, str]:
+    """quant=checkpoint: bits per quantized Linear weight element as the checkpoint stores
+    them (codes, scales, zero points), and where the figure comes from."""
+    from pathlib import Path
+
+    from specft.quantized_checkpoints import stored_bits
+
+    found = stored_bits(Path(m.path).expanduser(), in_features) if m.path else None
+    if found is None:
+        return 16.0, "checkpoint (not quantized: 16 bit)"
+    family, bits = found
+    if bits is None:
+        return 16.0, f"checkpoint {family} (its stored size is not known to plan: counted at 16 bit)"
+    return bits, f"checkpoint {family}, {bits:.2f} bits per weight as stored"
+
+
 def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward: int,
               cache_bytes_per_token: float) -> list[dict]:
     c = param_counts(m)
     hd = m.head_dim or m.hidden_size // m.num_heads
-    linear_bytes = c.linear * weight_bits(q, c.linear_in_features) / 8
+    linear_bytes = c.linear * weight_bits(q, c.linear_in_features) / 8  # a checkpoint: dequantized on load
     other_bytes = 2.0 * c.other
     i_active = (m.experts_top_k or 1) * m.intermediate_size
     act = tokens_per_forward * (2 * m.hidden_size + (m.num_heads + 2 * m.num_kv_heads) * hd + 2 * i_active) * 2 \
@@ -82,7 +102,9 @@ def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward:
     tok_s = p.device_tflops * 1e12 * p.mfu / (2 * c.active)
     rows = []
     for n in p.devices:
-        if p.strategy == "zero3":
+        if q.from_checkpoint:  # loaded whole on every rank (cache.sharding refuses a checkpoint for now)
+            weights, kv_rank = linear_bytes + other_bytes, kv
+        elif p.strategy == "zero3":
             weights = (linear_bytes + other_bytes) / n + 2 * c.layer_bytes_16bit * (linear_bytes / (2.0 * c.linear))
             kv_rank = kv
         else:  # tp: Linear layers split, the rest replicated
@@ -99,8 +121,13 @@ def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward:
 def format_plan(m: ModelConfig, q: QuantConfig, p: PlanConfig, rows: list[dict]) -> str:
     c = param_counts(m)
     lines = [f"plan: {m.name} / {q.name}, {p.strategy}, {p.device_memory_gb:g} GB per device "
-             f"({(c.linear + c.other) / 1e9:.1f}B params, {c.active / 1e9:.1f}B active per token)",
-             f"{'devices':>8} {'weights':>9} {'activ.':>8} {'KV':>8} {'total':>9} {'fits':>5} {'tok/s':>8} {'write MB/s':>11}"]
+             f"({(c.linear + c.other) / 1e9:.1f}B params, {c.active / 1e9:.1f}B active per token)"]
+    if q.from_checkpoint:
+        bits, source = stored_linear_bits(m, c.linear_in_features)
+        lines.append(f"checkpoint: {(c.linear * bits / 8 + 2.0 * c.other) / GB:.1f} GB as stored ({source}; "
+                     f"the rest 16 bit); specft dequantizes it on load, whole on every rank, so the rows count "
+                     f"{(c.linear + c.other) * 2 / GB:.1f} GB per rank")
+    lines.append(f"{'devices':>8} {'weights':>9} {'activ.':>8} {'KV':>8} {'total':>9} {'fits':>5} {'tok/s':>8} {'write MB/s':>11}")
     for r in rows:
         lines.append(f"{r['devices']:>8} {r['weights_gb']:8.1f}G {r['activations_gb']:7.2f}G {r['kv_gb']:7.2f}G "
                      f"{r['total_gb']:8.1f}G {'yes' if r['fits'] else 'NO':>5} {r['tokens_per_s_per_rank']:8.0f} "

@@ -74,3 +74,54 @@ def test_cache_or_online_by_hand(tmp_path):
     assert row["online_s_per_step_per_rank"] == pytest.approx(2 * 4 * 2048 / 1000)
     out = run_cli(["plan", "model=qwen3_32b", "quant=mxfp4", "plan.samples=[30000]"], cwd=tmp_path)
     assert "cache or online" in out.stdout and "30000" in out.stdout
+
+
+# Released checkpoints' quantization_config, as their config.json writes it.
+QWEN_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+QWEN_AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True,
+            "modules_to_not_convert": None}
+
+
+def _checkpoint_config(tmp_path, name: str, model: str, qcfg: dict):
+    """A folder holding only the config.json of ``model`` (a named config) with ``qcfg``."""
+    import json
+
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    m = root_cfg(f"model={model}").model
+    arch = dict(hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+                num_key_value_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
+                tie_word_embeddings=False)
+    if m.num_experts:
+        config = Qwen3MoeConfig(**arch, moe_intermediate_size=m.intermediate_size, num_experts=m.num_experts,
+                                num_experts_per_tok=m.experts_top_k).to_dict()
+    else:
+        config = Qwen3Config(**arch, intermediate_size=m.intermediate_size).to_dict()
+    config["quantization_config"] = qcfg
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("name, model, qcfg, bits, stored_gb", [
+    ("Qwen3-32B-FP8", "qwen3_32b", QWEN_FP8, 8 + 32 / (128 * 128), 34.3),
+    ("Qwen3-32B-AWQ", "qwen3_32b", QWEN_AWQ, 4 + (16 + 4) / 128, 19.3),
+    ("Qwen3-235B-A22B-FP8", "qwen3_235b_a22b", QWEN_FP8, 8 + 32 / (128 * 128), 236.4),
+])
+def test_a_checkpoint_is_sized_as_stored_beside_what_specft_holds(tmp_path, name, model, qcfg, bits, stored_gb):
+    m = root_cfg(f"model={model}").model
+    h, hd, layers, v = m.hidden_size, m.head_dim, m.num_layers, m.vocab_size
+    e = m.num_experts or 1
+    linear = layers * (h * m.num_heads * hd * 2 + h * m.num_kv_heads * hd * 2 + e * 3 * h * m.intermediate_size)
+    other = 2 * v * h + layers * ((h * e if m.num_experts else 0) + 2 * h + 2 * hd) + h
+    assert (linear * bits / 8 + 2 * other) / GB == pytest.approx(stored_gb, abs=0.05)
+    path = _checkpoint_config(tmp_path, name, model, qcfg)
+    proc = run_cli(["plan", "model=hf", f"model.path={path}", "quant=checkpoint", "plan.device_memory_gb=1000"],
+                   cwd=tmp_path)
+    assert f"checkpoint: {stored_gb:.1f} GB as stored (checkpoint {qcfg['quant_method'].replace('fp8', 'hf-fp8')}, " \
+           f"{bits:.2f} bits per weight as stored" in proc.stdout
+    # today specft dequantizes a checkpoint on load, whole on every rank: the rows say so
+    whole = f"{(linear + other) * 2 / GB:.1f}G"
+    rows = [r for r in map(str.split, proc.stdout.splitlines()) if len(r) == 8 and r[0].isdigit()]  # devices rows
+    assert rows and all(r[1] == whole for r in rows)

@@ -42,6 +42,17 @@ def description_patterns() -> list[str]:
     return [p for n in CHECKPOINT_FORMATS.names for p in CHECKPOINT_FORMATS.get(n).description_files]
 
 
+def stored_bits(model_dir: str | Path, in_features: float) -> tuple[str, float | None] | None:
+    """(family, bits per quantized Linear weight element as stored) of the checkpoint at
+    ``model_dir`` from its config alone (no weights read); None when it is not quantized."""
+    family = detect_family(model_dir)
+    if family is None:
+        return None
+    config = Path(model_dir) / "config.json"
+    qcfg = (read_config(Path(model_dir)).get("quantization_config") or {}) if config.is_file() else {}
+    return family.name, family.stored_bits(qcfg, in_features)
+
+
 def supported() -> list[str]:
     return [n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).supported]
 
@@ -62,4 +73,4 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
 from specft.quantized_checkpoints import compressed_tensors, gguf_family, gptq, hf_fp8, modelopt, msmodelslim, others  # noqa: E402,F401,I001
 
 __all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "description_patterns", "detect_family",
-           "open_checkpoint", "read_config", "supported"]
+           "open_checkpoint", "read_config", "stored_bits", "supported"]

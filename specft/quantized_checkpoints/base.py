@@ -105,3 +105,9 @@ class FormatFamily:
 
     def open(self, model_dir: Path) -> CheckpointQuant:
         raise NotImplementedError
+
+    def stored_bits(self, qcfg: dict, in_features: float) -> float | None:
+        """Bits per quantized Linear weight element as the checkpoint stores it (codes and
+        their scales, zero points), from ``quantization_config`` alone, for ``specft plan``;
+        None where the family does not say (plan then counts 16)."""
+        return None

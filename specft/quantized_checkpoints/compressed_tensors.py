@@ -468,6 +468,19 @@ class CompressedTensors(FormatFamily):
         ckpt.load_state = lambda model, dtype: self._load_state(ckpt, groups, transforms, model, dtype)
         return ckpt
 
+    def stored_bits(self, qcfg: dict, in_features: float) -> float | None:
+        """The first config group's weights (mixed-precision checkpoints: its share only)."""
+        weights = next((g.weights for g in _groups(qcfg) if g.weights is not None), None)
+        if weights is None:
+            return None
+        per_scale = {"tensor": float("inf"), "channel": in_features, "group": weights.group_size,
+                     "tensor_group": weights.group_size}.get(weights.strategy)
+        if weights.strategy == "block":
+            per_scale = weights.block_structure[0] * weights.block_structure[1]
+        scale_bits = 8 if weights.num_bits == 4 and weights.type == "float" else 16  # FP4: FP8 / E8M0 scales
+        zero_bits = 0 if weights.symmetric else weights.num_bits
+        return weights.num_bits + (scale_bits + zero_bits) / (per_scale or in_features)
+
     def _load_state(self, ckpt: CheckpointQuant, groups: list[ConfigGroup], transforms: list[OnlineTransform],
                     model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The model's state dict with every quantized weight dequantized; fills

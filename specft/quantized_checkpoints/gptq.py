@@ -106,6 +106,11 @@ class PackedIntFamily(FormatFamily):
     def scheme(self, qcfg: dict) -> PackedScheme:
         raise NotImplementedError
 
+    def stored_bits(self, qcfg: dict, in_features: float) -> float | None:
+        scheme = self.scheme(qcfg)
+        group = in_features if scheme.group_size == -1 else scheme.group_size
+        return scheme.bits + (16 + scheme.bits) / group  # a 16-bit scale and a packed zero point per group
+
     def extra(self, qcfg: dict) -> str:
         return ""
 

@@ -96,6 +96,10 @@ class HfFp8(FormatFamily):
         ckpt.load_state = lambda model, dtype: self._load_state(ckpt, block, model, dtype)
         return ckpt
 
+    def stored_bits(self, qcfg: dict, in_features: float) -> float | None:
+        block = qcfg.get("weight_block_size") or [1, 1]
+        return 8 + 32 / (block[0] * block[1])  # a float32 scale per block
+
     def _excluded(self, ckpt: CheckpointQuant, name: str) -> bool:
         return any(name == p or name.startswith(p + ".") or fnmatch(name, p) for p in ckpt.ignored)
 

@@ -76,6 +76,9 @@ class ModelOpt(FormatFamily):
         ckpt.load_state = lambda model, dtype: self._load_state(ckpt, model, dtype)
         return ckpt
 
+    def stored_bits(self, qcfg: dict, in_features: float) -> float | None:
+        return 8.0  # FP8 codes, one scale per tensor
+
     def _load_state(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         raw = read_tensors(ckpt.model_dir, "model*.safetensors")
         state = {k: v.to(dtype) for k, v in raw.items()
