@@ -21,7 +21,7 @@ from specft.errors import ConfigError, ReportedError, SpecftError
 from specft.logs import setup_logging
 from specft.paths import conf_dir
 
-COMMANDS = ("cache", "train", "eval", "export", "fold-rotation", "plan", "info")
+COMMANDS = ("cache", "train", "eval", "export", "fold-rotation", "plan", "distance", "info")
 JOB_COMMANDS = ("cache", "train", "eval")  # Hydra jobs: checked whole before Hydra runs
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR [--verify]  # what a cache holds; --verify checks every checksum
@@ -35,6 +35,7 @@ USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b .
                                           # (--fail-fast: stop at the first failure)
   specft plan model=qwen3_235b_a22b quant=mxfp4 'plan.devices=[8,16,32]'   # memory per rank
   specft eval quant=mxfp4 'eval.drafts=[runs/a,runs/b]' 'eval.k=[3,4,5]'
+  specft distance model=hf model.path=CKPT quant=checkpoint distance.reference=BF16_DIR   # retrain my draft?
 
 Config groups: model, quant, draft, loss, data, cache, trainer, logger, eval (see conf/)."""
 
@@ -375,6 +376,21 @@ def _fold_rotation(args: list[str]) -> int:
     return 0
 
 
+def _distance(overrides: list[str]) -> int:
+    """Reads two models and prints (distance.out: also writes distance.json); no Hydra job."""
+    from specft.distance import run_distance
+    from specft.validate import to_schema
+
+    cfg = compose(overrides)
+    OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
+    try:
+        run_distance(to_schema(cfg))
+    except SpecftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _plan(overrides: list[str]) -> int:
     """Arithmetic only: composed without a Hydra job (nothing is written)."""
     from specft.plan import run_plan
@@ -405,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    if command in ("info", "plan") and any(a in ("-h", "--help") for a in overrides):
-        print(USAGE)  # these two take no Hydra flags: their help is specft's own
+    if command in ("info", "plan", "distance") and any(a in ("-h", "--help") for a in overrides):
+        print(USAGE)  # these take no Hydra flags: their help is specft's own
         return 0
     if command == "info":
         return _info(overrides)
@@ -426,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command == "plan":
         return _plan(plain)
+    if command == "distance":
+        return _distance(plain)
     from specft.config import register_schema
 
     register_schema()

@@ -286,6 +286,15 @@ class PlanConfig:
 
 
 @dataclass
+class DistanceConfig:
+    """`specft distance`: how far the served target (model + quant) is from its 16-bit
+    model, on held-out conversations of `data`, teacher-forced."""
+    reference: str | None = None  # the 16-bit model's checkpoint directory (required)
+    sequences: int = 32  # held-out conversations (data's validation side), each cut to data.max_seq_len
+    out: str | None = None  # a directory for distance.json (null: print only)
+
+
+@dataclass
 class RootConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -297,6 +306,7 @@ class RootConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    distance: DistanceConfig = field(default_factory=DistanceConfig)
     run_dir: str = MISSING
     seed: int = 0
     meta: dict[str, Any] = field(default_factory=dict)  # git SHA, command: written at launch

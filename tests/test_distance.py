@@ -1,0 +1,90 @@
+"""`specft distance`: the served target against its 16-bit model, teacher-forced on held-out
+conversations. The agreement is checked against the two models' own forward passes (their
+logits' argmax, not the feature capture distance uses), and on pairs whose answer is known:
+a model against itself, and the HF FP8 fixture against the compressed-tensors checkpoint it
+was renamed from (the same served model in two layouts)."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specft.distance import verdict
+from specft.target_model import load_target
+from specft.target_model.loader import _tiny_source
+
+from conftest import run_cli
+from helpers import root_cfg
+
+CHECKPOINTS = Path(__file__).resolve().parent / "fixtures" / "checkpoints"
+GPTQ = CHECKPOINTS / "tiny_qwen3_gptq_awq" / "gptq_autoround"
+ARGS = ["data=synthetic", "distance.sequences=6", "model.dtype=float32"]
+
+
+def _tiny_dir() -> Path:
+    return Path(_tiny_source(root_cfg("model=tiny_qwen3").model)[0])
+
+
+def _distance(tmp_path, model_path: Path, quant: str, reference: Path) -> dict:
+    out = tmp_path / "out"
+    tmp_path.mkdir(exist_ok=True)
+    proc = run_cli(["distance", "model=hf", f"model.path={model_path}", f"quant={quant}",
+                    f"distance.reference={reference}", f"distance.out={out}", *ARGS], cwd=tmp_path)
+    result = json.loads((out / "distance.json").read_text())
+    assert proc.stdout.strip().splitlines()[-1] == result["verdict"]
+    return result
+
+
+def test_a_checkpoint_against_its_16bit_model_agrees_with_their_own_forwards(tmp_path):
+    from specft.data import load_conversations
+    from specft.data.template import tokenize_conversation
+
+    reference = _tiny_dir()
+    result = _distance(tmp_path, GPTQ, "checkpoint", reference)
+    served, tokenizer = load_target(root_cfg("model=hf", f"model.path={GPTQ}", "quant=checkpoint",
+                                             "model.dtype=float32").model)
+    plain, _ = load_target(root_cfg("model=hf", f"model.path={reference}", "model.dtype=float32").model)
+    data = root_cfg(*ARGS).data
+    convs = load_conversations(dataclasses.replace(data, split="validation", num_samples=6))
+    agree = tokens = 0
+    for conv in convs:
+        ids = tokenize_conversation(tokenizer, conv, data.max_seq_len)[0].input_ids[None]
+        with torch.no_grad():
+            a, b = served(ids).logits.argmax(-1), plain(ids).logits.argmax(-1)
+        agree, tokens = agree + int((a == b).sum()), tokens + ids.numel()
+    assert result["tokens"] == tokens and result["top1_agreement"] == pytest.approx(agree / tokens)
+    assert [s["agree"] for s in result["per_sequence"]] and sum(s["agree"] for s in result["per_sequence"]) == agree
+    lo, hi = result["top1_agreement_ci95"]
+    assert lo <= result["top1_agreement"] <= hi
+    assert result["aux_rel_err"] > 0.01 and result["verdict"].startswith("retrain:")
+
+
+def test_a_model_against_itself_is_at_no_distance(tmp_path):
+    reference = _tiny_dir()
+    result = _distance(tmp_path, reference, "bf16", reference)
+    assert result["top1_agreement"] == 1.0 and result["aux_rel_err"] == 0.0 and result["final_rel_err"] == 0.0
+    assert result["verdict"].startswith("keep the 16-bit draft")
+
+
+def test_fp8_blocks_sit_closer_to_the_16bit_model_than_int4_groups(tmp_path):
+    reference = _tiny_dir()
+    fp8 = _distance(tmp_path / "fp8", CHECKPOINTS / "tiny_qwen3_hf_fp8", "checkpoint", reference)
+    int4 = _distance(tmp_path / "int4", GPTQ, "checkpoint", reference)
+    assert fp8["tokens"] == int4["tokens"]
+    assert fp8["final_rel_err"] < int4["final_rel_err"] and fp8["top1_agreement"] > int4["top1_agreement"]
+
+
+@pytest.mark.parametrize("agreement, start", [(0.885, "retrain:"), (0.92, "measure:"), (0.949, "keep the 16-bit")])
+def test_the_verdict_reads_the_studied_points(agreement, start):
+    assert verdict(agreement).startswith(start)
+
+
+def test_without_a_reference_it_is_one_line_and_writes_nothing(tmp_path):
+    proc = run_cli(["distance", "model=hf", f"model.path={GPTQ}", "quant=checkpoint", *ARGS], cwd=tmp_path,
+                   check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: distance.reference: give the 16-bit model's checkpoint directory (the model the quantized one was "
+        "made from)"]
+    assert list(tmp_path.iterdir()) == []
