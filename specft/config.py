@@ -48,6 +48,11 @@ class ModelConfig:
     # auto: bfloat16 where the device computes it natively, else float32 (specft/device.py);
     # resolved when the config is read, so caches, keys and run configs hold what ran.
     dtype: str = "float32"
+    # quant=checkpoint: "dense" dequantizes every quantized layer when the checkpoint loads;
+    # "packed" keeps each at its stored width (codes and scales, ~1 byte per parameter for
+    # FP8, ~0.5 for INT4) and dequantizes one layer at a time in the forward: the same
+    # numbers, bit for bit, in a fraction of the memory, at some speed.
+    checkpoint_weights: str = "dense"
 
 
 @dataclass

@@ -4,8 +4,9 @@ alone, for each device count, and a refusal when a plan does not fit.
 Formulas (all bytes; B*T = cache.batch_size x data.max_seq_len tokens per forward):
 - quant=checkpoint: the checkpoint's stored size from its quantization_config (codes plus
   scales and zero points per group or block: HF FP8 8 + 32/16384, AWQ/GPTQ int4 group 128
-  4 + 20/128), shown beside the rows; the rows count what specft holds today, the model
-  dequantized to 16 bit, whole on every rank.
+  4 + 20/128). The rows count what specft holds, whole on every rank: the stored bytes
+  plus one dense Linear in flight (model.checkpoint_weights=packed), or the model
+  dequantized to 16 bit (dense).
 - weights: Linear weights of the quantized layers at the format's bits (element bits plus
   the scale's bits per block: MXFP4 4 + 8/32, NVFP4 4 + 8/16, FP8 per channel 8 + 32/in),
   everything the quant config excludes (embeddings, lm_head, MoE router) and the norms in
@@ -89,11 +90,26 @@ def stored_linear_bits(m: ModelConfig, in_features: float) -> tuple[float, str]:
     return bits, f"checkpoint {family}, {bits:.2f} bits per weight as stored"
 
 
+def _resident_bits(m: ModelConfig, q: QuantConfig, in_features: float) -> float:
+    """Bits a Linear weight element takes in memory while stage 1 runs: a checkpoint's
+    stored bits when kept packed (model.checkpoint_weights=packed), else the format's."""
+    if q.from_checkpoint and m.checkpoint_weights == "packed":
+        return stored_linear_bits(m, in_features)[0]
+    return weight_bits(q, in_features)
+
+
+def _dense_in_flight(m: ModelConfig, head_dim: int) -> float:
+    """Packed: the one Linear dequantized for its forward (the largest, 16 bit)."""
+    if m.checkpoint_weights != "packed":
+        return 0.0
+    return 2.0 * max(m.hidden_size * m.intermediate_size, m.hidden_size * m.num_heads * head_dim)
+
+
 def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward: int,
               cache_bytes_per_token: float) -> list[dict]:
     c = param_counts(m)
     hd = m.head_dim or m.hidden_size // m.num_heads
-    linear_bytes = c.linear * weight_bits(q, c.linear_in_features) / 8  # a checkpoint: dequantized on load
+    linear_bytes = c.linear * _resident_bits(m, q, c.linear_in_features) / 8
     other_bytes = 2.0 * c.other
     i_active = (m.experts_top_k or 1) * m.intermediate_size
     act = tokens_per_forward * (2 * m.hidden_size + (m.num_heads + 2 * m.num_kv_heads) * hd + 2 * i_active) * 2 \
@@ -103,7 +119,7 @@ def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward:
     rows = []
     for n in p.devices:
         if q.from_checkpoint:  # loaded whole on every rank (cache.sharding refuses a checkpoint for now)
-            weights, kv_rank = linear_bytes + other_bytes, kv
+            weights, kv_rank = linear_bytes + other_bytes + _dense_in_flight(m, hd), kv
         elif p.strategy == "zero3":
             weights = (linear_bytes + other_bytes) / n + 2 * c.layer_bytes_16bit * (linear_bytes / (2.0 * c.linear))
             kv_rank = kv
@@ -124,9 +140,10 @@ def format_plan(m: ModelConfig, q: QuantConfig, p: PlanConfig, rows: list[dict])
              f"({(c.linear + c.other) / 1e9:.1f}B params, {c.active / 1e9:.1f}B active per token)"]
     if q.from_checkpoint:
         bits, source = stored_linear_bits(m, c.linear_in_features)
+        held = ("kept packed (model.checkpoint_weights=packed), one layer dequantized at a time"
+                if m.checkpoint_weights == "packed" else "dequantized on load (model.checkpoint_weights=dense)")
         lines.append(f"checkpoint: {(c.linear * bits / 8 + 2.0 * c.other) / GB:.1f} GB as stored ({source}; "
-                     f"the rest 16 bit); specft dequantizes it on load, whole on every rank, so the rows count "
-                     f"{(c.linear + c.other) * 2 / GB:.1f} GB per rank")
+                     f"the rest 16 bit); {held}, whole on every rank")
     lines.append(f"{'devices':>8} {'weights':>9} {'activ.':>8} {'KV':>8} {'total':>9} {'fits':>5} {'tok/s':>8} {'write MB/s':>11}")
     for r in rows:
         lines.append(f"{r['devices']:>8} {r['weights_gb']:8.1f}G {r['activations_gb']:7.2f}G {r['kv_gb']:7.2f}G "

@@ -143,7 +143,15 @@ def _validate_tensor_spec(spec: TensorQuantSpec, prefix: str, model: ModelConfig
                 raise ConfigError(f"{prefix}.block_size must divide {dim_name}={dim}, got {spec.block_size}")
 
 
+CHECKPOINT_WEIGHTS = ("dense", "packed")
+
+
 def validate_quant(cfg: RootConfig) -> None:
+    _choice(cfg.model.checkpoint_weights, CHECKPOINT_WEIGHTS, "model.checkpoint_weights")
+    if cfg.model.checkpoint_weights == "packed" and not cfg.quant.from_checkpoint:
+        raise ConfigError(f"model.checkpoint_weights=packed keeps a quantized checkpoint's layers as stored; "
+                          f"quant={cfg.quant.name} emulates a format on a 16-bit model: use quant=checkpoint, or "
+                          f"model.checkpoint_weights=dense")
     for role in ("weight", "activation", "kv"):
         spec = getattr(cfg.quant, role)
         if spec is not None:

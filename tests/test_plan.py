@@ -121,7 +121,16 @@ def test_a_checkpoint_is_sized_as_stored_beside_what_specft_holds(tmp_path, name
                    cwd=tmp_path)
     assert f"checkpoint: {stored_gb:.1f} GB as stored (checkpoint {qcfg['quant_method'].replace('fp8', 'hf-fp8')}, " \
            f"{bits:.2f} bits per weight as stored" in proc.stdout
-    # today specft dequantizes a checkpoint on load, whole on every rank: the rows say so
+    # dense: dequantized on load, whole on every rank; packed: as stored, plus one dense Linear
     whole = f"{(linear + other) * 2 / GB:.1f}G"
-    rows = [r for r in map(str.split, proc.stdout.splitlines()) if len(r) == 8 and r[0].isdigit()]  # devices rows
-    assert rows and all(r[1] == whole for r in rows)
+    assert rows_of(proc.stdout) and all(r[1] == whole for r in rows_of(proc.stdout))
+    packed = run_cli(["plan", "model=hf", f"model.path={path}", "quant=checkpoint", "plan.device_memory_gb=1000",
+                      "model.checkpoint_weights=packed"], cwd=tmp_path)
+    in_flight = 2 * max(h * m.intermediate_size, h * m.num_heads * hd)
+    held = f"{(linear * bits / 8 + 2 * other + in_flight) / GB:.1f}G"
+    assert rows_of(packed.stdout) and all(r[1] == held for r in rows_of(packed.stdout))
+
+
+def rows_of(stdout: str) -> list[list[str]]:
+    """The plan's per-device-count rows."""
+    return [r for r in map(str.split, stdout.splitlines()) if len(r) == 8 and r[0].isdigit()]

@@ -46,7 +46,9 @@ NOT_KEYED: dict[type, dict[str, str]] = {
         field: "the checkpoint fingerprint covers the weights (tiny models: built under a shape digest)"
         for field in ("intermediate_size", "num_heads", "num_kv_heads", "head_dim", "num_experts",
                       "experts_top_k", "tie_word_embeddings")
-    } | {"aux_layer_ids": "keyed resolved, as the provenance's aux_layer_ids"},
+    } | {"aux_layer_ids": "keyed resolved, as the provenance's aux_layer_ids",
+         "checkpoint_weights": "packed and dense weights compute the same numbers, bit for bit "
+                               "(tests/test_packed_checkpoints.py)"},
     DataConfig: {"keep_text": "only a data.mix member sets it (validated), and members are keyed as written"},
     RegenerateConfig: {"reuse": "reused answers are the same target's answers under the same settings"},
     # Only conf/quant/checkpoint.yaml sets it, whose name is keyed; what the checkpoint

@@ -51,6 +51,37 @@ def need(tensors: dict[str, torch.Tensor], key: str, where: str = "") -> torch.T
     return tensors[key]
 
 
+class PackedLinear(nn.Module):
+    """A quantized Linear kept as the checkpoint stores it (``model.checkpoint_weights=
+    packed``): its stored tensors (codes, scales, zero points) as buffers, the dense weight
+    made by the family's own dequantization on every forward and dropped after, so the
+    model holds a layer's weight at its stored width and one dense layer at a time. The
+    weight it makes is the one the dense load stores: the forward is the same, bit for bit."""
+
+    def __init__(self, in_features: int, out_features: int, stored: dict[str, torch.Tensor],
+                 dequantize: Callable[[dict[str, torch.Tensor]], torch.Tensor], dtype: torch.dtype,
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.names = sorted(stored)
+        for key in self.names:
+            self.register_buffer(f"stored_{key}", stored[key], persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self._dequantize = dequantize
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dense weight, made anew on each access; contiguous as a loaded parameter is
+        (a transposed view would take another GEMM route and round otherwise)."""
+        return self._dequantize({k: getattr(self, f"stored_{k}") for k in self.names}).to(self.dtype).contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.names}"
+
+
 @dataclass
 class LayerQuant:
     """One quantized layer as the checkpoint serves it."""
@@ -84,6 +115,24 @@ class CheckpointQuant:
     load_config: Callable[[], object] | None = None
     # the dtype the served arithmetic runs in, whatever model.dtype says (llama.cpp: float32)
     compute_dtype: torch.dtype | None = None
+    # model.checkpoint_weights=packed: quantized layers stay stored (put_weight fills
+    # packed_layers instead of the state dict; the loader swaps in PackedLinear modules)
+    packed: bool = False
+    packed_layers: dict[str, PackedLinear] = field(default_factory=dict)
+
+    def put_weight(self, state: dict[str, torch.Tensor], name: str, module: nn.Module,
+                   stored: dict[str, torch.Tensor], dequantize: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+                   dtype: torch.dtype) -> None:
+        """One quantized layer's weight: dequantized into ``state`` now, or (packed) kept
+        as ``stored`` with the same ``dequantize`` for its PackedLinear."""
+        if not self.packed:
+            state[f"{name}.weight"] = dequantize(stored).to(dtype)
+            return
+        dequantize(stored)  # a bad shape or index is refused at load, not at the first forward
+        state.pop(f"{name}.weight", None)  # stored codes some families passed through (int8 "weight")
+        bias = state.pop(f"{name}.bias", None)
+        self.packed_layers[name] = PackedLinear(module.in_features, module.out_features, stored, dequantize, dtype,
+                                                bias)
 
     def to_dict(self) -> dict:
         out = {"family": self.family, "summary": self.summary, "ignored": self.ignored,
@@ -96,6 +145,9 @@ class FormatFamily:
 
     name: str = ""
     supported: bool = True
+    # whether its layers can stay stored (model.checkpoint_weights=packed): it fills its
+    # weights through CheckpointQuant.put_weight
+    packs: bool = False
     # files beside config.json that say how the checkpoint is quantized: their contents
     # are part of the cache key's checkpoint fingerprint, as config.json's are
     description_files: tuple[str, ...] = ()

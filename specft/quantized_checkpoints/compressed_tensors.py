@@ -445,6 +445,7 @@ def _groups(qcfg: dict) -> list[ConfigGroup]:
 
 class CompressedTensors(FormatFamily):
     name = "compressed-tensors"
+    packs = True
 
     def detect(self, model_dir: Path) -> bool:
         if not (model_dir / "config.json").is_file():
@@ -498,7 +499,9 @@ class CompressedTensors(FormatFamily):
             if "weight_g_idx" in local:
                 raise SpecftError(f"quant=checkpoint: {name}.weight_g_idx (act-order groups) is not supported yet")
             if group.weights is not None:
-                state[f"{name}.weight"] = dequantize_weight(local, group.weights, group.fmt, name).to(dtype)
+                stored = {k: v for k, v in local.items() if "." not in k and k != "bias"}
+                ckpt.put_weight(state, name, module, stored,
+                                lambda t, g=group, n=name: dequantize_weight(t, g.weights, g.fmt, n), dtype)
             quantize_input = None
             if group.inputs is not None:
                 quantize_input = input_quantizer(group.inputs, local, name)

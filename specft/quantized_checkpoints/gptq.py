@@ -73,6 +73,7 @@ def dequantize(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g
 class PackedIntFamily(FormatFamily):
     """What GPTQ and AWQ share: detection by quant_method, the scheme, the per-layer loop."""
 
+    packs = True
     method = ""
     default_format = ""
     formats: tuple[str, ...] = ()
@@ -128,7 +129,9 @@ class PackedIntFamily(FormatFamily):
             if any(name == p or name.startswith(p + ".") or fnmatch(name, p) for p in ckpt.ignored):
                 raise SpecftError(f"model.path: {name} is in modules_to_not_convert but its weight is packed")
             local = {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
-            state[f"{name}.weight"] = self.weight(local, layout, scheme, module, name).to(dtype)
+            stored = {k: v for k, v in local.items() if k in PACKED}
+            ckpt.put_weight(state, name, module, stored,
+                            lambda t, m=module, n=name: self.weight(t, layout, scheme, m, n), dtype)
             ckpt.layers[name] = LayerQuant(name, scheme.describe(), None)
         stray = sorted(k for k in raw if k.rsplit(".", 1)[-1] in PACKED and k.rsplit(".", 1)[0] not in ckpt.layers)
         if stray:  # its codes would be dropped and the layer left at its random initialization

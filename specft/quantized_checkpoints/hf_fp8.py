@@ -73,6 +73,7 @@ def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: t
 
 class HfFp8(FormatFamily):
     name = "hf-fp8"
+    packs = True
 
     def detect(self, model_dir: Path) -> bool:
         if not (model_dir / "config.json").is_file():
@@ -115,8 +116,9 @@ class HfFp8(FormatFamily):
                 continue
             if self._excluded(ckpt, name):
                 raise SpecftError(f"model.path: {name} is in modules_to_not_convert but its weight is FP8")
-            scale = need(raw, f"{name}.{SCALE}")
-            state[f"{name}.weight"] = dequantize_block_fp8(weight, scale, block, name).to(dtype)
+            stored = {"weight": weight, SCALE: need(raw, f"{name}.{SCALE}")}
+            ckpt.put_weight(state, name, module, stored,
+                            lambda t, n=name: dequantize_block_fp8(t["weight"], t[SCALE], block, n), dtype)
             ckpt.layers[name] = LayerQuant(name, f"fp8 block {block[0]}x{block[1]}",
                                            f"fp8 token group {block[1]} dynamic", quantize_input)
         stray = sorted(k for k, v in raw.items() if (v.dtype == torch.float8_e4m3fn or k.endswith("." + SCALE))

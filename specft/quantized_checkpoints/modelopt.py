@@ -57,6 +57,7 @@ class StaticFp8Input:
 
 class ModelOpt(FormatFamily):
     name = "modelopt"
+    packs = True
     description_files = (CONFIG_FILE,)
 
     def detect(self, model_dir: Path) -> bool:
@@ -89,8 +90,9 @@ class ModelOpt(FormatFamily):
                 continue
             if any(fnmatch(name, p) for p in ckpt.ignored):
                 raise SpecftError(f"model.path: {name} is in exclude_modules but its weight is FP8")
-            scale = _tensor_scale(raw, f"{name}.weight_scale")
-            state[f"{name}.weight"] = (weight.to(torch.float32) * scale).to(dtype)
+            stored = {"weight": weight, "weight_scale": _tensor_scale(raw, f"{name}.weight_scale")}
+            ckpt.put_weight(state, name, module, stored,
+                            lambda t: t["weight"].to(torch.float32) * t["weight_scale"], dtype)
             quantize_input = StaticFp8Input(_tensor_scale(raw, f"{name}.input_scale"))
             ckpt.layers[name] = LayerQuant(name, "fp8 tensor", "fp8 tensor static", quantize_input)
         stray = sorted(k for k, v in raw.items() if v.dtype == torch.float8_e4m3fn and k.rsplit(".", 1)[0]

@@ -140,7 +140,7 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
         if placement:
             raise ConfigError("cache.sharding: a quantized checkpoint (quant=checkpoint) loads on one rank for "
                               "now; use cache.sharding=none")
-        model = _load_quantized_checkpoint(where, checkpoint, dtype)
+        model = _load_quantized_checkpoint(where, checkpoint, dtype, cfg.checkpoint_weights == "packed")
     else:
         if placement.get("tp_plan"):  # the plan read from the config, completed
             from transformers import AutoConfig
@@ -156,12 +156,18 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
     return model, _tokenizer_from(where, kwargs)
 
 
-def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype):
+def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packed: bool = False):
     """The model of a quantized checkpoint with its weights dequantized by specft (the
     format's own arithmetic, quantized_checkpoints/), not by transformers, which would
     need the quantizer's package and may run activations in full precision. The
-    checkpoint rides on the model for apply_quant (quant=checkpoint)."""
+    checkpoint rides on the model for apply_quant (quant=checkpoint). ``packed``: the
+    model is built without weights (accelerate's init_empty_weights: parameters on the
+    meta device, buffers such as RoPE's real), its quantized layers become PackedLinear
+    modules holding the stored tensors, and the rest is assigned from the checkpoint, so
+    no dense copy of a quantized layer outlives its forward."""
     from transformers import AutoConfig
+
+    from specft.quantized_checkpoints import CHECKPOINT_FORMATS
 
     config = checkpoint.load_config() if checkpoint.load_config else AutoConfig.from_pretrained(where)
     if hasattr(config, "quantization_config"):
@@ -170,9 +176,21 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype):
         log.info("target: %s runs in %s as it is served (model.dtype ignored)", checkpoint.family,
                  checkpoint.compute_dtype)
         dtype = checkpoint.compute_dtype
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if packed and not CHECKPOINT_FORMATS.get(checkpoint.family).packs:
+        raise ConfigError(f"model.checkpoint_weights=packed: {checkpoint.family} checkpoints load dense only for now; "
+                          f"packed: {', '.join(n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).packs)}")
+    if packed:
+        from accelerate import init_empty_weights
+
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        checkpoint.packed = True
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     state = checkpoint.load_state(model, dtype)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    for name, module in checkpoint.packed_layers.items():
+        model.set_submodule(name, module)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=packed)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
         what = sorted(set(missing) - tied) or sorted(unexpected)
