@@ -11,6 +11,8 @@ float32 on the same prompts; the table gives the relative error of every decoder
 output and of the logits, and how many prompts' greedy continuations are identical.
 
     python scripts/check_checkpoints.py tests/fixtures/checkpoints/tiny_qwen3/* --out docs/results/checkpoints
+    python scripts/check_checkpoints.py tests/fixtures/checkpoints/tiny_qwen3_hf_fp8 \
+        --oracle-dir tests/fixtures/checkpoints/tiny_qwen3/fp8_block --out docs/results/checkpoints/hf_fp8
 """
 
 from __future__ import annotations
@@ -136,9 +138,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--oracle-dir", type=Path, help="the library's checkpoint holding the same tensors in its "
+                        "own layout (the HF FP8 fixture: its FP8_BLOCK source)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    rows = [compare(d, args.prompts, args.new_tokens) for d in args.dirs if (d / "config.json").is_file()]
+    rows = [compare(d, args.prompts, args.new_tokens, args.oracle_dir) for d in args.dirs
+            if (d / "config.json").is_file()]
     machine = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                "transformers": transformers.__version__, "compressed_tensors": compressed_tensors.__version__,
                "threads": torch.get_num_threads()}

@@ -176,6 +176,11 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
         log.info("target: %s runs in %s as it is served (model.dtype ignored)", checkpoint.family,
                  checkpoint.compute_dtype)
         dtype = checkpoint.compute_dtype
+    experts = getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0
+    if experts:  # the families map per-Linear tensors; transformers fuses each layer's experts into one
+        raise ConfigError(f"quant=checkpoint: {checkpoint.family} checkpoints of Mixture-of-Experts models "
+                          f"({experts} experts) are not supported yet: their per-expert tensors do not map onto "
+                          "transformers' fused experts")
     if packed and not CHECKPOINT_FORMATS.get(checkpoint.family).packs:
         raise ConfigError(f"model.checkpoint_weights=packed: {checkpoint.family} checkpoints load dense only for now; "
                           f"packed: {', '.join(n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).packs)}")
