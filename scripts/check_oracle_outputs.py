@@ -28,6 +28,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return float(d.max() / b.double().abs().max()), float(d.mean() / b.double().abs().mean())
 
 
+def dense_weight(state: dict, layer: str) -> torch.Tensor:
+    """A layer's weight in specft's model; per-expert layers out of transformers' fused
+    experts (gate_up_proj [E, 2I, H]: gate rows, then up rows; down_proj [E, H, I])."""
+    if f"{layer}.weight" in state:
+        return state[f"{layer}.weight"]
+    experts, index, proj = layer.rsplit(".", 2)
+    if proj == "down_proj":
+        return state[f"{experts}.down_proj"][int(index)]
+    fused = state[f"{experts}.gate_up_proj"][int(index)]
+    half = fused.shape[0] // 2
+    return fused[:half] if proj == "gate_proj" else fused[half:]
+
+
 @torch.no_grad()
 def compare(model_dir: Path, dtype: str) -> dict:
     from check_checkpoints import specft_model  # noqa: I001 (scripts/ on the path)
@@ -57,7 +70,7 @@ def compare(model_dir: Path, dtype: str) -> dict:
     greedy = model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     state = model.state_dict()
     layers = [k[len("dequantized."):] for k in oracle if k.startswith("dequantized.")]
-    equal = sum(torch.equal(state[f"{n}.weight"], oracle[f"dequantized.{n}"]) for n in layers)
+    equal = sum(torch.equal(dense_weight(state, n), oracle[f"dequantized.{n}"]) for n in layers)
     return {"checkpoint": model_dir.name, "summary": model.specft_checkpoint.summary, "dtype": dtype,
             "oracle": meta, "weights_bit_equal": f"{equal}/{len(layers)}" if layers else "-",
             "hidden_rel_err_max": max(h[0] for h in hidden), "hidden_rel_err_mean": sum(h[1] for h in hidden) / len(hidden),

@@ -15,7 +15,8 @@ its own (their pins clash with specft's and with each other's):
   OUT/gptq_autoround (``auto_gptq`` export: GPTQ v1, 4 bit, group 32, symmetric) and
   OUT/awq_autoround (``auto_awq`` export: AWQ GEMM, 4 bit, group 32, zero points).
 - GPTQModel 7.7 (GPTQ with act-order): OUT/gptq_actorder (GPTQ v1, 4 bit, group 32,
-  symmetric, ``desc_act`` with its ``g_idx``). (GPTQModel's own AWQ needs output widths in
+  symmetric, ``desc_act`` with its ``g_idx``); with ``--moe-model`` (tiny Qwen3-MoE) also
+  OUT/gptq_moe (the same without act-order: every expert's projections quantized apart). (GPTQModel's own AWQ needs output widths in
   multiples of 64; tiny Qwen3's k/v projections are 32 wide.)
 - ``oracle``: each checkpoint loaded by GPTQModel with its torch kernels (BACKEND.TORCH,
   float16, the only activation dtype its GPTQ torch kernel takes); OUT/<name>/oracle.safetensors gets scripts/oracle_outputs.py's
@@ -67,16 +68,21 @@ def make_autoround(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
     return made
 
 
-def make_gptqmodel(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
+def make_gptqmodel(model_dir: Path, out: Path, texts: list[str], moe_model: Path | None = None) -> list[dict]:
     from gptqmodel import GPTQModel, QuantizeConfig
 
-    t0 = time.perf_counter()
-    model = GPTQModel.load(str(model_dir), QuantizeConfig(bits=BITS, group_size=GROUP, desc_act=True, sym=True),
-                           device="cpu")
-    model.quantize(texts, batch_size=4)
-    model.save(str(out / "gptq_actorder"))
-    return [{"name": "gptq_actorder", "tool": "gptqmodel", "format": "gptq", "desc_act": True,
-             "seconds": round(time.perf_counter() - t0, 1)}]
+    made = []
+    for name, source, desc_act in (("gptq_actorder", model_dir, True), ("gptq_moe", moe_model, False)):
+        if source is None:
+            continue
+        t0 = time.perf_counter()
+        config = QuantizeConfig(bits=BITS, group_size=GROUP, desc_act=desc_act, sym=True)
+        model = GPTQModel.load(str(source), config, device="cpu")
+        model.quantize(texts, batch_size=4)
+        model.save(str(out / name))
+        made.append({"name": name, "tool": "gptqmodel", "format": "gptq", "desc_act": desc_act, "model": str(source),
+                     "seconds": round(time.perf_counter() - t0, 1)})
+    return made
 
 
 @torch.no_grad()
@@ -115,6 +121,7 @@ def main() -> None:
     mk.add_argument("--model", type=Path, required=True)
     mk.add_argument("--out", type=Path, required=True)
     mk.add_argument("--calibration", type=Path, default=GSM8K)
+    mk.add_argument("--moe-model", type=Path, help="gptqmodel: also OUT/gptq_moe from this Qwen3-MoE checkpoint")
     orc = sub.add_parser("oracle")
     orc.add_argument("dirs", nargs="+", type=Path)
     args = ap.parse_args()
@@ -126,7 +133,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     texts = calibration(args.calibration)
     package = {"autoround": "auto-round", "gptqmodel": "gptqmodel"}[args.tool]
-    rows = {"autoround": make_autoround, "gptqmodel": make_gptqmodel}[args.tool](args.model, args.out, texts)
+    if args.tool == "gptqmodel":
+        rows = make_gptqmodel(args.model, args.out, texts, args.moe_model)
+    else:
+        rows = make_autoround(args.model, args.out, texts)
     made_path = args.out / "made.json"
     made = json.loads(made_path.read_text()) if made_path.is_file() else {"checkpoints": []}
     made["model"], made["calibration"] = str(args.model), f"{args.calibration} (first 64 problems)"

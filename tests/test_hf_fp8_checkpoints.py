@@ -135,13 +135,3 @@ def test_an_fp8_weight_in_modules_to_not_convert_is_refused(tmp_path):
                                           "weight is FP8"):
         _load(other)
 
-
-def test_a_mixture_of_experts_checkpoint_is_refused_in_one_line(tmp_path):
-    moe = _copy(tmp_path)
-    config = json.loads((moe / "config.json").read_text())
-    config.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4,
-                  num_experts_per_tok=2, moe_intermediate_size=32)
-    (moe / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SpecftError, match=r"quant=checkpoint: hf-fp8 checkpoints of Mixture-of-Experts models \(4 "
-                                          r"experts\) are not supported yet"):
-        _load(moe)

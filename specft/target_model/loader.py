@@ -168,6 +168,12 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
     from transformers import AutoConfig
 
     from specft.quantized_checkpoints import CHECKPOINT_FORMATS
+    from specft.quantized_checkpoints.experts import (
+        check_weight_only,
+        expert_views,
+        fuse_expert_weights,
+        fused_experts,
+    )
 
     config = checkpoint.load_config() if checkpoint.load_config else AutoConfig.from_pretrained(where)
     if hasattr(config, "quantization_config"):
@@ -177,10 +183,9 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
                  checkpoint.compute_dtype)
         dtype = checkpoint.compute_dtype
     experts = getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0
-    if experts:  # the families map per-Linear tensors; transformers fuses each layer's experts into one
-        raise ConfigError(f"quant=checkpoint: {checkpoint.family} checkpoints of Mixture-of-Experts models "
-                          f"({experts} experts) are not supported yet: their per-expert tensors do not map onto "
-                          "transformers' fused experts")
+    if experts and packed:
+        raise ConfigError(f"model.checkpoint_weights=packed: Mixture-of-Experts checkpoints ({experts} experts) load "
+                          "dense only for now")
     if packed and not CHECKPOINT_FORMATS.get(checkpoint.family).packs:
         raise ConfigError(f"model.checkpoint_weights=packed: {checkpoint.family} checkpoints load dense only for now; "
                           f"packed: {', '.join(n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).packs)}")
@@ -192,7 +197,11 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
         checkpoint.packed = True
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    state = checkpoint.load_state(model, dtype)
+    with expert_views(model):  # per-expert Linears where transformers fuses a layer's experts
+        state = checkpoint.load_state(model, dtype)
+    fuse_expert_weights(model, state)
+    for name in fused_experts(model):
+        check_weight_only(name, checkpoint.layers)
     for name, module in checkpoint.packed_layers.items():
         model.set_submodule(name, module)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=packed)

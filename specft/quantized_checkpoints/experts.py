@@ -1,0 +1,78 @@
+"""Mixture-of-Experts checkpoints onto transformers' fused experts.
+
+Quantizers store each expert's projections as Linear layers of their own
+(``mlp.experts.<e>.gate_proj`` / ``up_proj`` / ``down_proj``, as Qwen's FP8 and GPTQ
+releases and GPTQModel do), while transformers keeps a layer's experts fused in two 3-D
+parameters: ``gate_up_proj`` [E, 2I, H] (each expert's gate rows, then its up rows) and
+``down_proj`` [E, H, I]. While a family reads the checkpoint, ``expert_views`` puts a
+stand-in Linear (on the meta device: shapes only) at every per-expert name, so the family
+dequantizes those layers like any other; ``fuse_expert_weights`` then stacks the dense
+weights into the fused parameters. Experts whose inputs the checkpoint quantizes are
+refused for now (check_weight_only): weight-only checkpoints (GPTQ, AWQ, W4A16) run.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from specft.errors import SpecftError
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def fused_experts(model: nn.Module) -> dict[str, nn.Module]:
+    """name -> every module holding a layer's experts as 3-D gate_up_proj / down_proj."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3}
+
+
+@contextmanager
+def expert_views(model: nn.Module):
+    """Per-expert stand-in Linears under each fused experts module while inside."""
+    added = []
+    for experts in fused_experts(model).values():
+        count, two_i, hidden = experts.gate_up_proj.shape
+        inter = two_i // 2
+        for e in range(count):
+            view = nn.Module()
+            view.gate_proj = nn.Linear(hidden, inter, bias=False, device="meta")
+            view.up_proj = nn.Linear(hidden, inter, bias=False, device="meta")
+            view.down_proj = nn.Linear(inter, hidden, bias=False, device="meta")
+            experts.add_module(str(e), view)
+            added.append((experts, str(e)))
+    try:
+        yield
+    finally:
+        for experts, key in added:
+            del experts._modules[key]
+
+
+def fuse_expert_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Per-expert dense weights in ``state`` stacked into the fused parameters (in place)."""
+    for name, experts in fused_experts(model).items():
+        count = experts.gate_up_proj.shape[0]
+        keys = {(e, p): f"{name}.{e}.{p}.weight" for e in range(count) for p in PROJECTIONS}
+        present = [k for k in keys.values() if k in state]
+        if not present:
+            continue  # stored fused (or missing: load_state_dict names it)
+        absent = [k for k in keys.values() if k not in state]
+        if absent:
+            raise SpecftError(f"model.path: {absent[0]} is missing from the checkpoint (its layer's other experts "
+                              "are there)")
+        state[f"{name}.gate_up_proj"] = torch.stack(
+            [torch.cat([state.pop(keys[e, "gate_proj"]), state.pop(keys[e, "up_proj"])]) for e in range(count)])
+        state[f"{name}.down_proj"] = torch.stack([state.pop(keys[e, "down_proj"]) for e in range(count)])
+
+
+def check_weight_only(name: str, layers: dict) -> None:
+    """Experts whose checkpoint quantizes their inputs (FP8 W8A8, INT8, NVFP4) are refused:
+    the fused experts loop would have to run the family's input quantizers per expert, and
+    no producing tool here writes such a checkpoint to check that against."""
+    quantized = sorted(n for n, q in layers.items() if n.startswith(name + ".") and q.quantize_input is not None)
+    if quantized:
+        raise SpecftError(f"quant=checkpoint: {quantized[0]} quantizes the expert's input "
+                          f"({layers[quantized[0]].activation}), which specft cannot run in fused experts yet; weight-only Mixture-of-Experts checkpoints "
+                          "(GPTQ, AWQ, W4A16) run")
