@@ -297,6 +297,10 @@ class DistanceConfig:
     reference: str | None = None  # the 16-bit model's checkpoint directory (required)
     sequences: int = 32  # held-out conversations (data's validation side), each cut to data.max_seq_len
     out: str | None = None  # a directory for distance.json (null: print only)
+    # an existing draft (checkpoint folder or run dir): its acceptance at k against each of
+    # the two targets, on eval's prompts (eval.num_prompts, eval.max_new_tokens, greedy)
+    draft: str | None = None
+    k: int = 3
 
 
 @dataclass

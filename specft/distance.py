@@ -57,8 +57,8 @@ def _check(cfg) -> Path:
     if not (reference / "config.json").is_file():
         raise SpecftError(f"distance.reference: {reference} is not a Hugging Face checkpoint directory "
                           "(no config.json)")
-    if d.sequences < 1:
-        raise SpecftError(f"distance.sequences: {d.sequences}; give 1 or more")
+    if d.sequences < 1 or d.k < 1:
+        raise SpecftError(f"distance.sequences / distance.k: {d.sequences} / {d.k}; give 1 or more")
     return reference
 
 
@@ -112,6 +112,37 @@ def compare(served, reference, seed: int = 0) -> dict:
             "tokens": sum(tokens), "per_sequence": [{"tokens": t, "agree": a} for t, a in zip(tokens, agree)]}
 
 
+def _acceptance(cfg, model, tokenizer, draft, prompts) -> dict:
+    """The draft's greedy acceptance at distance.k against ``model`` (per-prompt counts kept)."""
+    from specft.decoding import SpecDecoder
+    from specft.drafts import DRAFT_ARCHS
+    from specft.eval.runner import _decode_all
+    from specft.eval.stats import confidence
+    from specft.target_model.loader import stop_token_ids
+
+    eos = stop_token_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    decoder = SpecDecoder(model, DRAFT_ARCHS.get(draft.architecture).runner(draft), aux_layer_ids(cfg.model), eos, pad)
+    greedy = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, temperature=0.0))
+    _, stats = _decode_all(decoder, prompts, cfg.distance.k, max(cfg.eval.batch_sizes), greedy)
+    return {"acceptance_rate": stats.acceptance_rate, **confidence(stats.per_prompt, cfg.seed),
+            "proposed": stats.proposed, "accepted": stats.accepted, "per_prompt": stats.per_prompt}
+
+
+def _draft(cfg):
+    """(draft, its folder) or (None, None); checked against the target before any work."""
+    if not cfg.distance.draft:
+        return None, None
+    from specft.device import resolve_dtype
+    from specft.eval.drafts import load_draft
+    from specft.eval.runner import check_draft_length, check_draft_matches_target
+
+    draft, meta = load_draft(cfg.distance.draft, getattr(torch, resolve_dtype(cfg.model.dtype)), field="distance.draft")
+    check_draft_matches_target(meta, cfg, cfg.distance.draft)
+    check_draft_length(meta, [cfg.distance.k], cfg.distance.draft)
+    return draft.eval(), cfg.distance.draft
+
+
 def _served(cfg):
     from specft.quant import apply_quant
     from specft.target_model import load_target
@@ -125,20 +156,35 @@ def run_distance(cfg) -> dict:
     from specft.target_model import load_target
 
     reference_dir = _check(cfg)
+    draft, draft_path = _draft(cfg)
     model, tokenizer, report = _served(cfg)
     seqs = _sequences(cfg, tokenizer)
+    prompts = None
+    if draft is not None:
+        from specft.eval.runner import load_prompts
+
+        prompts, _ = load_prompts(cfg, tokenizer)
     if cfg.quant.needs_calibration:  # an emulated static format: calibrated on the same held-out text
         from specft.quant import calibrate
 
         calibrate(model, report, ({"input_ids": x[None]} for x in seqs[: cfg.quant.calibration_samples]))
     aux_ids = aux_layer_ids(cfg.model)
     served = _features(model, aux_ids, seqs, f"served ({cfg.quant.name})")
+    on_served = _acceptance(cfg, model, tokenizer, draft, prompts) if draft is not None else None
     del model
     ref_model, _ = load_target(dataclasses.replace(cfg.model, source="hf", path=str(reference_dir)))
     reference = _features(ref_model.eval(), aux_ids, seqs, "16-bit reference")
     result = {"served": {"model": cfg.model.path or cfg.model.name, "quant": cfg.quant.name},
               "reference": str(reference_dir), "data": cfg.data.name, "dtype": cfg.model.dtype,
               **compare(served, reference, cfg.seed)}
+    if draft is not None:
+        from specft.eval.stats import paired_difference
+
+        on_reference = _acceptance(cfg, ref_model.eval(), tokenizer, draft, prompts)
+        result["draft"] = {"path": str(draft_path), "k": cfg.distance.k, "prompts": len(prompts),
+                           "on_served": on_served, "on_reference": on_reference,
+                           "served_minus_reference": paired_difference(on_reference["per_prompt"],
+                                                                       on_served["per_prompt"], cfg.seed)}
     result["verdict"] = verdict(result["top1_agreement"])
     print(format_distance(result))
     if cfg.distance.out:
@@ -151,10 +197,20 @@ def run_distance(cfg) -> dict:
 
 def format_distance(r: dict) -> str:
     lo, hi = r["top1_agreement_ci95"]
-    return "\n".join([
-        f"distance: {r['served']['model']} ({r['served']['quant']}) against {r['reference']}, "
-        f"{len(r['per_sequence'])} held-out conversations of {r['data']} ({r['tokens']} tokens, teacher-forced)",
-        f"  top-1 agreement   {100 * r['top1_agreement']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]",
-        f"  aux hidden error  {r['aux_rel_err']:.4f} (relative, per token)",
-        f"  final hidden err. {r['final_rel_err']:.4f}",
-        r["verdict"]])
+    lines = [f"distance: {r['served']['model']} ({r['served']['quant']}) against {r['reference']}, "
+             f"{len(r['per_sequence'])} held-out conversations of {r['data']} ({r['tokens']} tokens, teacher-forced)",
+             f"  top-1 agreement   {100 * r['top1_agreement']:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]",
+             f"  aux hidden error  {r['aux_rel_err']:.4f} (relative, per token)",
+             f"  final hidden err. {r['final_rel_err']:.4f}"]
+    if "draft" in r:
+        d = r["draft"]
+        for side in ("on_served", "on_reference"):
+            a = d[side]
+            lines.append(f"  draft k={d['k']} {side.replace('_', ' '):<13} {a['acceptance_rate']:.3f} "
+                         f"[{a['acceptance_rate_ci'][0]:.3f}, {a['acceptance_rate_ci'][1]:.3f}] "
+                         f"({a['accepted']}/{a['proposed']}, {d['prompts']} prompts)")
+        diff = d["served_minus_reference"]
+        lo_d, hi_d = diff["rate_difference_ci"]
+        lines.append(f"  served - reference {100 * diff['rate_difference']:+.1f} pts [{100 * lo_d:+.1f}, {100 * hi_d:+.1f}]"
+                     + ("" if diff["distinguishable"] else ": no difference"))
+    return "\n".join([*lines, r["verdict"]])

@@ -27,11 +27,11 @@ def _tiny_dir() -> Path:
     return Path(_tiny_source(root_cfg("model=tiny_qwen3").model)[0])
 
 
-def _distance(tmp_path, model_path: Path, quant: str, reference: Path) -> dict:
+def _distance(tmp_path, model_path: Path, quant: str, reference: Path, *extra: str) -> dict:
     out = tmp_path / "out"
     tmp_path.mkdir(exist_ok=True)
     proc = run_cli(["distance", "model=hf", f"model.path={model_path}", f"quant={quant}",
-                    f"distance.reference={reference}", f"distance.out={out}", *ARGS], cwd=tmp_path)
+                    f"distance.reference={reference}", f"distance.out={out}", *ARGS, *extra], cwd=tmp_path)
     result = json.loads((out / "distance.json").read_text())
     assert proc.stdout.strip().splitlines()[-1] == result["verdict"]
     return result
@@ -88,3 +88,27 @@ def test_without_a_reference_it_is_one_line_and_writes_nothing(tmp_path):
         "error: distance.reference: give the 16-bit model's checkpoint directory (the model the quantized one was "
         "made from)"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_drafts_acceptance_against_both_targets_is_what_eval_counts(tmp_path):
+    """The 16-bit recipe's draft (trained on tiny Qwen3) against the GPTQ checkpoint made from
+    it and against tiny Qwen3 itself: the same counts `specft eval` gives on each target."""
+    run_cli(["train", "model=tiny_qwen3", "quant=bf16", "data.num_samples=8", "trainer.max_steps=2",
+             "hydra.run.dir=runs/base"], cwd=tmp_path)
+    draft = tmp_path / "runs" / "base"
+    prompts = ["eval.num_prompts=3", "eval.max_new_tokens=6", "eval.batch_sizes=[2]"]
+    result = _distance(tmp_path, GPTQ, "checkpoint", _tiny_dir(), f"distance.draft={draft}", "distance.k=2",
+                       *prompts)
+    d = result["draft"]
+    assert d["k"] == 2 and d["prompts"] == 3
+    for side, target in (("on_served", ["model=hf", f"model.path={GPTQ}", "quant=checkpoint"]),
+                         ("on_reference", ["model=tiny_qwen3", "quant=bf16"])):
+        out = tmp_path / f"eval-{side}"
+        run_cli(["eval", *target, f"eval.drafts=[{draft}]", "eval.k=[2]", "eval.target_alone=false",
+                 "model.dtype=float32", "data=synthetic", *prompts, f"eval.out_dir={out}"], cwd=tmp_path)
+        (row,) = json.loads((out / "results.json").read_text())["results"]
+        assert (d[side]["accepted"], d[side]["proposed"]) == (row["accepted"], row["proposed"]), side
+        assert d[side]["per_prompt"] == row["per_prompt"]
+    diff = d["served_minus_reference"]
+    assert diff["rate_difference"] == pytest.approx(d["on_served"]["acceptance_rate"] -
+                                                    d["on_reference"]["acceptance_rate"])
