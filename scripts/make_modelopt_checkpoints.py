@@ -28,6 +28,27 @@ from oracle_outputs import oracle_outputs
 CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 
 
+def nvfp4_dequantized(target: Path) -> dict:
+    """Every exported NVFP4 layer's weight as ModelOpt's NVFP4QTensor.dequantize makes it
+    (``dequantized.<layer>``, float32) from the packed codes, ``weight_scale`` and
+    ``weight_scale_2``."""
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+    from safetensors.torch import load_file
+
+    raw = {}
+    for f in sorted(target.glob("model*.safetensors")):
+        raw.update(load_file(str(f)))
+    out = {}
+    for key in sorted(k for k in raw if k.endswith(".weight_scale_2")):
+        layer = key[: -len(".weight_scale_2")]
+        packed = raw[f"{layer}.weight"]
+        shape = torch.Size((packed.shape[0], packed.shape[1] * 2))
+        qtensor = NVFP4QTensor(shape, torch.float32, packed)
+        out[f"dequantized.{layer}"] = qtensor.dequantize(torch.float32, scale=raw[f"{layer}.weight_scale"],
+                                                         double_scale=raw[key], block_sizes={-1: 16}).contiguous()
+    return out
+
+
 def make(model_dir: Path, out: Path, algo: str) -> dict:
     import modelopt.torch.quantization as mtq
     from modelopt.torch.export import export_hf_checkpoint
@@ -46,10 +67,14 @@ def make(model_dir: Path, out: Path, algo: str) -> dict:
     t0 = time.perf_counter()
     model = mtq.quantize(model, getattr(mtq, CONFIGS[algo]), forward_loop)
     seconds = time.perf_counter() - t0
-    oracle = oracle_outputs(model, tokenizer)
+    # NVFP4's quantized forward needs CUDA ("amax must be a CUDA tensor for dynamic block
+    # quantization"): its oracle is ModelOpt's own dequantization of the exported weights
+    oracle = oracle_outputs(model, tokenizer) if algo != "nvfp4" else None
     target = out / algo
     export_hf_checkpoint(model, export_dir=target)
     tokenizer.save_pretrained(target)
+    if oracle is None:
+        oracle = nvfp4_dequantized(target)
     save_file(oracle, str(target / "oracle.safetensors"))
     return {"algo": algo, "config": CONFIGS[algo], "seconds": round(seconds, 1),
             "hf_quant_config": json.loads((target / "hf_quant_config.json").read_text())}

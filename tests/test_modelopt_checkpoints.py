@@ -23,6 +23,7 @@ from specft.quantized_checkpoints import open_checkpoint
 from helpers import checkpoint_model, max_rel, root_cfg
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_modelopt" / "fp8"
+NVFP4 = FIXTURE.parent / "nvfp4"
 
 
 def test_the_fixture_was_made_by_modelopt():
@@ -64,9 +65,9 @@ def _copy(tmp_path) -> Path:
 def test_another_algorithm_is_named(tmp_path):
     other = _copy(tmp_path)
     config = json.loads((other / "hf_quant_config.json").read_text())
-    config["quantization"]["quant_algo"] = "NVFP4"
+    config["quantization"]["quant_algo"] = "W4A8_AWQ"
     (other / "hf_quant_config.json").write_text(json.dumps(config))
-    with pytest.raises(SpecftError, match="ModelOpt quant_algo NVFP4 is not supported yet; supported: FP8"):
+    with pytest.raises(SpecftError, match="ModelOpt quant_algo W4A8_AWQ is not supported yet; supported: FP8, NVFP4"):
         open_checkpoint(other)
 
 
@@ -87,4 +88,57 @@ def test_a_missing_input_scale_is_named(tmp_path):
     del tensors["model.layers.4.mlp.up_proj.input_scale"]
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(SpecftError, match="model.layers.4.mlp.up_proj.input_scale is missing"):
+        load_target(root_cfg("model=hf", f"model.path={broken}", "quant=checkpoint").model)
+
+
+# -- NVFP4: ModelOpt exports it on this CPU, but its quantized forward needs CUDA ("amax
+# must be a CUDA tensor for dynamic block quantization"). Checked instead: the weights
+# against ModelOpt's own NVFP4QTensor.dequantize (oracle.safetensors), and the inputs
+# against compressed-tensors' NVFP4 input arithmetic with the global scale 1 / input_scale.
+
+def test_nvfp4_weights_are_bit_equal_to_modelopts_dequantization():
+    oracle = load_file(str(NVFP4 / "oracle.safetensors"))
+    model, _, report = checkpoint_model(NVFP4)
+    assert report.checkpoint["summary"].startswith("NVFP4: fp4 group 16 weights")
+    assert len(report.checkpoint["layers"]) == 56
+    state = model.state_dict()
+    layers = [k[len("dequantized."):] for k in oracle]
+    assert len(layers) == 56
+    for layer in layers:
+        assert torch.equal(state[f"{layer}.weight"], oracle[f"dequantized.{layer}"]), layer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nvfp4_inputs_are_compressed_tensors_nvfp4_under_the_inverted_input_scale(dtype):
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+    from specft.quant.apply import apply_quant  # noqa: F401 (the model below installs the hooks)
+
+    model, _, _ = checkpoint_model(NVFP4)
+    layer = model.specft_checkpoint.layers["model.layers.2.mlp.down_proj"]
+    input_scale = load_file(str(NVFP4 / "model.safetensors"))["model.layers.2.mlp.down_proj.input_scale"]
+    args = QuantizationArgs(num_bits=4, type="float", symmetric=True, strategy="tensor_group", group_size=16,
+                            dynamic="local", scale_dtype="torch.float8_e4m3fn")
+    torch.manual_seed(0)
+    x = (torch.randn(2, 9, 128) * torch.logspace(-2, 1, 128)).to(dtype)
+    glob = (1 / input_scale).reshape(1)  # as compressed-tensors stores a global scale
+    scale, zero = compute_dynamic_scales_and_zp(x, args, module=None, global_scale=glob)
+    ref = fake_quantize(x, scale, zero, args, global_scale=glob)
+    ours = layer.quantize_input(x)
+    assert ours.dtype == ref.dtype and torch.equal(ours, ref)
+    assert not torch.equal(ours, x)
+
+
+def test_nvfp4_scales_of_the_wrong_shape_are_named(tmp_path):
+    from specft.target_model import load_target
+
+    broken = Path(shutil.copytree(NVFP4, tmp_path / "nvfp4"))
+    tensors = load_file(str(broken / "model.safetensors"))
+    key = "model.layers.1.self_attn.o_proj.weight_scale"
+    tensors[key] = tensors[key][:, :2].contiguous()
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(SpecftError, match=r"model.layers.1.self_attn.o_proj.weight / weight_scale have shapes "
+                                          r"\[64, 32\] / \[64, 2\], but an NVFP4 \[64, 64\] weight needs"):
         load_target(root_cfg("model=hf", f"model.path={broken}", "quant=checkpoint").model)

@@ -19,7 +19,7 @@ FP16 = ("model.dtype=float16", "eval.dtype=float32")
 CASES = [  # (checkpoint, overrides): every family that packs, and its layouts
     ("tiny_qwen3_gptq_awq/gptq_actorder", FP16), ("tiny_qwen3_gptq_awq/awq_autoround", FP16),
     ("tiny_qwen3_hf_fp8", ()), ("tiny_qwen3/w4a16_g32_gptq", ()), ("tiny_qwen3/nvfp4", ()),
-    ("tiny_qwen3/w8a8_int8_static_gptq", ()), ("tiny_qwen3_modelopt/fp8", ()),
+    ("tiny_qwen3/w8a8_int8_static_gptq", ()), ("tiny_qwen3_modelopt/fp8", ()), ("tiny_qwen3_modelopt/nvfp4", ()),
 ]
 
 

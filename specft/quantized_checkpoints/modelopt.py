@@ -1,13 +1,22 @@
 """NVIDIA ModelOpt's Hugging Face exports (``export_hf_checkpoint``): ``hf_quant_config.json``
 beside the weights, ``quant_method: modelopt`` in config.json.
 
-Supported here, as vLLM's ModelOpt FP8 method serves it: ``quant_algo: FP8``, FP8 E4M3
-weights with one float32 scale per tensor (``weight * weight_scale``), and inputs
-quantized with the calibrated per-tensor ``input_scale``: ``x * (1 / input_scale)``
-clamped to +-448, cast to E4M3 (ties to even) and scaled back, in float32 (vLLM's static
-FP8 kernel multiplies by the inverted scale). Modules in ``exclude_modules`` stay as
-stored. Other algorithms (NVFP4, INT4 AWQ, W4A8) and KV-cache quantization are refused
-in one line naming them.
+Supported here, as vLLM's ModelOpt methods serve them:
+
+- ``quant_algo: FP8``: FP8 E4M3 weights with one float32 scale per tensor (``weight *
+  weight_scale``), and inputs quantized with the calibrated per-tensor ``input_scale``:
+  ``x * (1 / input_scale)`` clamped to +-448, cast to E4M3 (ties to even) and scaled
+  back, in float32 (vLLM's static FP8 kernel multiplies by the inverted scale).
+- ``quant_algo: NVFP4``: E2M1 weights two to a byte (low nibble first) in groups of
+  ``group_size`` (16), each group's E4M3 ``weight_scale`` times the tensor's float32
+  ``weight_scale_2``: ``value * (weight_scale * weight_scale_2)`` in float32, as
+  ModelOpt's NVFP4QTensor.dequantize does. Inputs in FP4 groups of 16 with dynamic E4M3
+  group scales under the global scale ``1 / input_scale`` (vLLM passes the inverted
+  calibrated scale to its FP4 quantizer): compressed-tensors' NVFP4 input arithmetic,
+  which specft runs bit-equal to that library (compressed_tensors.InputQuantizer).
+
+Modules in ``exclude_modules`` stay as stored. Other algorithms (INT4 AWQ, W4A8) and
+KV-cache quantization are refused in one line naming them.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ from specft.quantized_checkpoints.base import (
 )
 
 CONFIG_FILE = "hf_quant_config.json"
-SUPPORTED_ALGOS = ("FP8",)
+SUPPORTED_ALGOS = ("FP8", "NVFP4")
+NVFP4_ELEMENTS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "dynamic": True}
 FP8_MAX = 448.0
 QUANT_TENSORS = ("weight_scale", "input_scale", "weight_scale_2", "k_scale", "v_scale")
 
@@ -72,12 +82,23 @@ class ModelOpt(FormatFamily):
         if quant.get("kv_cache_quant_algo"):
             raise SpecftError(f"quant=checkpoint: this ModelOpt checkpoint quantizes the KV cache "
                               f"({quant['kv_cache_quant_algo']}), which specft cannot run from a checkpoint yet")
-        ckpt = CheckpointQuant(self.name, model_dir, f"{algo}: fp8 tensor weights, fp8 tensor static inputs",
-                               list(quant.get("exclude_modules") or []))
-        ckpt.load_state = lambda model, dtype: self._load_state(ckpt, model, dtype)
+        if algo == "NVFP4":
+            group = int(quant.get("group_size") or 16)
+            if group != 16:
+                raise SpecftError(f"quant=checkpoint: ModelOpt NVFP4 group_size {group} is not supported; NVFP4 "
+                                  "groups are 16")
+            summary = "NVFP4: fp4 group 16 weights (fp8 group scales, fp32 tensor scale), fp4 group 16 dynamic inputs"
+        else:
+            summary = f"{algo}: fp8 tensor weights, fp8 tensor static inputs"
+        ckpt = CheckpointQuant(self.name, model_dir, summary, list(quant.get("exclude_modules") or []))
+        load = self._load_nvfp4 if algo == "NVFP4" else self._load_state
+        ckpt.load_state = lambda model, dtype: load(ckpt, model, dtype)
         return ckpt
 
     def stored_bits(self, qcfg: dict, in_features: float) -> float | None:
+        # config.json's quantization_config names the algorithm as hf_quant_config.json does
+        if qcfg.get("quant_algo") == "NVFP4":
+            return 4 + 8 / 16  # E2M1 codes, an E4M3 scale per 16
         return 8.0  # FP8 codes, one scale per tensor
 
     def _load_state(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -100,6 +121,50 @@ class ModelOpt(FormatFamily):
         if stray:
             raise SpecftError(f"model.path: {stray[0]} is FP8, but the model has no such linear layer")
         return state
+
+
+    def _load_nvfp4(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        from specft.quantized_checkpoints.compressed_tensors import CTArgs, InputQuantizer
+
+        raw = read_tensors(ckpt.model_dir, "model*.safetensors")
+        quantized = {k[: -len(".weight_scale_2")] for k in raw if k.endswith(".weight_scale_2")}
+        state = {k: v.to(dtype) for k, v in raw.items() if v.is_floating_point() and v.dtype != torch.float8_e4m3fn
+                 and not k.endswith(QUANT_TENSORS) and k.rsplit(".", 1)[0] not in quantized}
+        args = CTArgs.parse({**NVFP4_ELEMENTS, "group_size": 16}, "NVFP4 inputs")
+        for name, module in model.named_modules():
+            if name not in quantized:
+                continue
+            if not isinstance(module, nn.Linear):
+                raise SpecftError(f"model.path: {name} is NVFP4, but the model has no such linear layer")
+            stored = {"weight": need(raw, f"{name}.weight"), "weight_scale": need(raw, f"{name}.weight_scale"),
+                      "weight_scale_2": _tensor_scale(raw, f"{name}.weight_scale_2")}
+            ckpt.put_weight(state, name, module, stored, lambda t, m=module, n=name: _nvfp4_weight(t, m, n), dtype)
+            # shaped [1] as compressed-tensors stores its global scale: a 0-d float32 scalar would
+            # not promote bfloat16 inputs, and the group scales must be made in float32
+            global_scale = (1 / _tensor_scale(raw, f"{name}.input_scale")).reshape(1)
+            ckpt.layers[name] = LayerQuant(name, "nvfp4 group 16", "fp4 group 16 dynamic",
+                                           InputQuantizer(args, global_scale=global_scale))
+        stray = sorted(k for k in quantized if k not in ckpt.layers)
+        if stray:
+            raise SpecftError(f"model.path: {stray[0]} is NVFP4, but the model has no such linear layer")
+        return state
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def _nvfp4_weight(t: dict[str, torch.Tensor], module: nn.Linear, name: str) -> torch.Tensor:
+    """The float32 weight: each code's E2M1 value times its group's scale, the scale the
+    product of the group's E4M3 scale and the tensor's float32 one."""
+    out, inp = module.out_features, module.in_features
+    packed, scale = t["weight"], t["weight_scale"]
+    if tuple(packed.shape) != (out, inp // 2) or tuple(scale.shape) != (out, inp // 16):
+        raise SpecftError(f"model.path: {name}.weight / weight_scale have shapes {list(packed.shape)} / "
+                          f"{list(scale.shape)}, but an NVFP4 [{out}, {inp}] weight needs [{out}, {inp // 2}] / "
+                          f"[{out}, {inp // 16}]")
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2).long()
+    group_scale = scale.to(torch.float32) * t["weight_scale_2"]
+    return (E2M1[codes].unflatten(-1, (-1, 16)) * group_scale.unsqueeze(-1)).flatten(-2)
 
 
 CHECKPOINT_FORMATS.register("modelopt")(ModelOpt())
