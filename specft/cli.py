@@ -376,15 +376,15 @@ def _fold_rotation(args: list[str]) -> int:
     return 0
 
 
-def _distance(overrides: list[str]) -> int:
-    """Reads two models and prints (distance.out: also writes distance.json); no Hydra job."""
-    from specft.distance import run_distance
+def _without_job(run, overrides: list[str]) -> int:
+    """A command composed without a Hydra job (no run dir): `plan` (arithmetic only) and
+    `distance` (reads two models; writes only distance.out when given)."""
     from specft.validate import to_schema
 
     cfg = compose(overrides)
     OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
     try:
-        run_distance(to_schema(cfg))
+        run(to_schema(cfg))
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -392,18 +392,15 @@ def _distance(overrides: list[str]) -> int:
 
 
 def _plan(overrides: list[str]) -> int:
-    """Arithmetic only: composed without a Hydra job (nothing is written)."""
     from specft.plan import run_plan
-    from specft.validate import to_schema
 
-    cfg = compose(overrides)
-    OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
-    try:
-        run_plan(to_schema(cfg))
-    except SpecftError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return _without_job(run_plan, overrides)
+
+
+def _distance(overrides: list[str]) -> int:
+    from specft.distance import run_distance
+
+    return _without_job(run_distance, overrides)
 
 
 # Commands on files (argparse, no Hydra job).

@@ -170,7 +170,7 @@ def test_an_unsupported_format_is_named_with_the_supported_ones(tmp_path):
     config["quantization_config"] = {"quant_method": "mxfp4"}  # gpt-oss's
     (other / "config.json").write_text(json.dumps(config))
     _run_unchanged(tmp_path, ["cache", "model=hf", f"model.path={other}", "quant=checkpoint"],
-                   "is a hf-mxfp4 checkpoint, which specft cannot run yet", "supported: compressed-tensors")
+                   "is a hf-mxfp4 checkpoint, which specft cannot run yet", "supported: awq, compressed-tensors, gguf, gptq, hf-fp8")
 
 
 def test_a_missing_scale_is_named(tmp_path):

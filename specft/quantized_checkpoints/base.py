@@ -28,6 +28,13 @@ def read_config(model_dir: Path) -> dict:
     return read_json(Path(model_dir) / "config.json")
 
 
+def quant_method(model_dir: Path) -> str | None:
+    """config.json's quantization_config.quant_method (None: no config.json or none set)."""
+    if not (Path(model_dir) / "config.json").is_file():
+        return None
+    return (read_config(model_dir).get("quantization_config") or {}).get("quant_method")
+
+
 def read_tensors(model_dir: Path, pattern: str) -> dict[str, torch.Tensor]:
     """Every tensor of the weight files matching ``pattern`` (an index json, when there
     is one, names them); other safetensors beside them (an oracle's outputs) are not read."""

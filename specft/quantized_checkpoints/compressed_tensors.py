@@ -57,6 +57,7 @@ from specft.quantized_checkpoints.base import (
     FormatFamily,
     LayerQuant,
     need,
+    quant_method,
     read_config,
     read_tensors,
 )
@@ -448,9 +449,7 @@ class CompressedTensors(FormatFamily):
     packs = True
 
     def detect(self, model_dir: Path) -> bool:
-        if not (model_dir / "config.json").is_file():
-            return False
-        return (read_config(model_dir).get("quantization_config") or {}).get("quant_method") == QUANT_METHOD
+        return quant_method(model_dir) == QUANT_METHOD
 
     def open(self, model_dir: Path) -> CheckpointQuant:
         qcfg = read_config(model_dir)["quantization_config"]

@@ -33,6 +33,7 @@ from specft.quantized_checkpoints.base import (
     FormatFamily,
     LayerQuant,
     need,
+    quant_method,
     read_config,
     read_tensors,
 )
@@ -80,9 +81,7 @@ class PackedIntFamily(FormatFamily):
     format_key = ""  # the config key naming the layout
 
     def detect(self, model_dir: Path) -> bool:
-        if not (model_dir / "config.json").is_file():
-            return False
-        return (read_config(model_dir).get("quantization_config") or {}).get("quant_method") == self.method
+        return quant_method(model_dir) == self.method
 
     def open(self, model_dir: Path) -> CheckpointQuant:
         qcfg = read_config(model_dir)["quantization_config"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, FormatFamily, read_config
+from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, FormatFamily, quant_method
 
 
 class ByQuantMethod(FormatFamily):
@@ -18,9 +18,7 @@ class ByQuantMethod(FormatFamily):
         self.name, self.method = name, method
 
     def detect(self, model_dir: Path) -> bool:
-        if not (model_dir / "config.json").is_file():
-            return False
-        return (read_config(model_dir).get("quantization_config") or {}).get("quant_method") == self.method
+        return quant_method(model_dir) == self.method
 
 
 # quant_method -> the family's name: gpt-oss MXFP4 and
