@@ -18,6 +18,14 @@ its own (their pins clash with specft's and with each other's):
   symmetric, ``desc_act`` with its ``g_idx``); with ``--moe-model`` (tiny Qwen3-MoE) also
   OUT/gptq_moe (the same without act-order: every expert's projections quantized apart). (GPTQModel's own AWQ needs output widths in
   multiples of 64; tiny Qwen3's k/v projections are 32 wide.)
+- AutoAWQ 0.2.9 (its own venv, with transformers < 4.52): OUT/awq_autoawq (AWQ GEMM, 4 bit,
+  group 32, zero points; ``apply_clip=False``, see make_autoawq) with its oracle (its own
+  ``dequantize_gemm``) written beside it; ``oracle`` below leaves it alone.
+
+    python -m venv /work/venvs/autoawq && /work/venvs/autoawq/bin/pip install torch==2.13.0 && \\
+        /work/venvs/autoawq/bin/pip install autoawq==0.2.9 'transformers>=4.51,<4.52'
+    /work/venvs/autoawq/bin/python scripts/make_gptq_awq_checkpoints.py make --tool autoawq --model DIR --out OUT
+
 - ``oracle``: each checkpoint loaded by GPTQModel with its torch kernels (BACKEND.TORCH,
   float16, the only activation dtype its GPTQ torch kernel takes); OUT/<name>/oracle.safetensors gets scripts/oracle_outputs.py's
   outputs and every quantized layer's weight as GPTQModel dequantizes it
@@ -85,6 +93,40 @@ def make_gptqmodel(model_dir: Path, out: Path, texts: list[str], moe_model: Path
     return made
 
 
+def make_autoawq(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
+    """AutoAWQ 0.2.9 (transformers < 4.52 in its venv) on this CPU. Its clipping search
+    needs output widths in multiples of 64 (tiny Qwen3's k/v projections are 32), so
+    apply_clip=False: the scale search alone. Its oracle is its own dequantize_gemm of the
+    saved weights (``dequantized.<layer>``); its forward is not run here."""
+    import shutil
+
+    from awq import AutoAWQForCausalLM
+    from awq.utils.packing_utils import dequantize_gemm
+    from safetensors.torch import load_file, save_file
+    from transformers import PreTrainedTokenizerFast
+
+    t0 = time.perf_counter()
+    model = AutoAWQForCausalLM.from_pretrained(str(model_dir), device_map="cpu")
+    # a tokenizer saved by transformers 5 names a class 4.51 lacks: read its tokenizer.json
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
+    model.quantize(tokenizer, quant_config={"zero_point": True, "q_group_size": GROUP, "w_bit": BITS,
+                                            "version": "GEMM"},
+                   calib_data=texts, max_calib_seq_len=512, n_parallel_calib_samples=4, apply_clip=False)
+    target = out / "awq_autoawq"
+    model.save_quantized(str(target))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (model_dir / name).is_file():
+            shutil.copy(model_dir / name, target / name)
+    raw = load_file(str(target / "model.safetensors"))
+    oracle = {f"dequantized.{k[:-len('.qweight')]}": dequantize_gemm(
+        raw[k], raw[k.replace("qweight", "qzeros")], raw[k.replace("qweight", "scales")], BITS, GROUP).t().contiguous()
+        for k in raw if k.endswith(".qweight")}
+    save_file(oracle, str(target / "oracle.safetensors"), metadata={"autoawq": version("autoawq"),
+                                                                   "oracle": "dequantize_gemm"})
+    return [{"name": "awq_autoawq", "tool": "autoawq", "format": "awq gemm", "apply_clip": False,
+             "seconds": round(time.perf_counter() - t0, 1)}]
+
+
 @torch.no_grad()
 def oracle(model_dir: Path) -> None:
     from gptqmodel import BACKEND, GPTQModel
@@ -117,7 +159,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     mk = sub.add_parser("make")
-    mk.add_argument("--tool", choices=("autoround", "gptqmodel"), required=True)
+    mk.add_argument("--tool", choices=("autoround", "gptqmodel", "autoawq"), required=True)
     mk.add_argument("--model", type=Path, required=True)
     mk.add_argument("--out", type=Path, required=True)
     mk.add_argument("--calibration", type=Path, default=GSM8K)
@@ -127,14 +169,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.command == "oracle":
         for d in args.dirs:
-            if (d / "config.json").is_file():
+            if (d / "config.json").is_file() and d.name != "awq_autoawq":  # AutoAWQ's oracle is its own
                 oracle(d)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     texts = calibration(args.calibration)
-    package = {"autoround": "auto-round", "gptqmodel": "gptqmodel"}[args.tool]
+    package = {"autoround": "auto-round", "gptqmodel": "gptqmodel", "autoawq": "autoawq"}[args.tool]
     if args.tool == "gptqmodel":
         rows = make_gptqmodel(args.model, args.out, texts, args.moe_model)
+    elif args.tool == "autoawq":
+        rows = make_autoawq(args.model, args.out, texts)
     else:
         rows = make_autoround(args.model, args.out, texts)
     made_path = args.out / "made.json"

@@ -39,11 +39,11 @@ STUDY = "docs/checkpoints.md, \"Does the real checkpoint matter?\""
 def verdict(agreement: float) -> str:
     pct = f"{100 * agreement:.1f}%"
     if agreement < RETRAIN_BELOW:
-        return (f"retrain: top-1 agreement {pct} is at or below GPTQ W4A16's 88.5%, where a draft trained on the "
-                f"checkpoint gained +6.7 to +12.2 points over the 16-bit recipe on ShareGPT ({STUDY})")
+        return (f"retrain: top-1 agreement {pct} is below 90%, as GPTQ W4A16's 88.5% was, where a draft trained on "
+                f"the checkpoint gained +6.7 to +12.2 points over the 16-bit recipe on ShareGPT ({STUDY})")
     if agreement >= KEEP_FROM:
-        return (f"keep the 16-bit draft: top-1 agreement {pct} is near W8A8's 94.9%, where retraining on the "
-                f"checkpoint made no difference ({STUDY})")
+        return (f"keep the 16-bit draft: top-1 agreement {pct} is 94% or more, as W8A8's 94.9% was, where "
+                f"retraining on the checkpoint made no difference ({STUDY})")
     return (f"measure: top-1 agreement {pct} lies between the studied 88.5% (retraining gained up to +12 points) "
             f"and 94.9% (no difference); compare your draft's acceptance on both targets with specft eval ({STUDY})")
 

@@ -4,9 +4,10 @@ formats), against GPTQModel's own CPU kernels.
 tests/fixtures/checkpoints/tiny_qwen3_gptq_awq/ was written on this CPU by the real tools
 from specft's tiny Qwen3 (scripts/make_gptq_awq_checkpoints.py, each in its own venv):
 AutoRound 0.16's ``auto_gptq`` (GPTQ v1, symmetric) and ``auto_awq`` (AWQ GEMM, zero
-points) exports, and GPTQModel 7.7's GPTQ with act-order (``desc_act``, a shuffled
-``g_idx``). Each ``oracle.safetensors`` is GPTQModel's: every layer's weight as its torch
-kernel dequantizes it, and its model's forward in float16 (its GPTQ torch kernel takes 16-bit
+points) exports, GPTQModel 7.7's GPTQ with act-order (``desc_act``, a shuffled ``g_idx``)
+and of a tiny Qwen3-MoE, and AutoAWQ 0.2.9's AWQ GEMM. Each ``oracle.safetensors`` is
+GPTQModel's (AutoAWQ's: its own ``dequantize_gemm``, weights only): every layer's weight as
+its torch kernel dequantizes it, and its model's forward in float16 (its GPTQ torch kernel takes 16-bit
 activations only). The weights must be bit-equal; the forward agrees to float16 rounding,
 not bit for bit, since float16 GEMMs round by route (``F.linear`` and ``matmul`` of the same
 operands already differ in the last bit on this CPU).
@@ -30,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from check_oracle_outputs import dense_weight  # noqa: E402 (per-expert weights out of the fused experts)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_gptq_awq"
-CHECKPOINTS = ("gptq_autoround", "awq_autoround", "gptq_actorder", "gptq_moe")
+CHECKPOINTS = ("gptq_autoround", "awq_autoround", "gptq_actorder", "gptq_moe")  # with GPTQModel's forward
+WEIGHT_ORACLES = (*CHECKPOINTS, "awq_autoawq")  # AutoAWQ: its own dequantize_gemm, no forward
 LAYERS = {"gptq_moe": 4 * 8 + 8 * 8 * 3}  # attention, and 8 experts x 3 projections, in 8 layers
 FP16 = ("model.dtype=float16", "eval.dtype=float32")
 
@@ -43,6 +45,7 @@ def test_the_fixtures_were_made_by_the_tools():
     made = json.loads((FIXTURES / "made.json").read_text())
     assert made["tools"]["auto-round"]["auto-round"].startswith("0.16")
     assert made["tools"]["gptqmodel"]["gptqmodel"].startswith("7.7")
+    assert made["tools"]["autoawq"]["autoawq"] == "0.2.9"  # it quantizes on this CPU too
     assert (_qcfg("gptq_autoround")["quant_method"], _qcfg("gptq_autoround")["sym"]) == ("gptq", True)
     assert (_qcfg("awq_autoround")["version"], _qcfg("awq_autoround")["zero_point"]) == ("gemm", True)
     assert _qcfg("gptq_actorder")["desc_act"] is True
@@ -50,8 +53,8 @@ def test_the_fixtures_were_made_by_the_tools():
     assert not torch.equal(g_idx.long(), torch.arange(128) // 32)  # act-order really shuffled the groups
 
 
-@pytest.mark.parametrize("name", CHECKPOINTS)
-def test_weights_are_bit_equal_to_gptqmodels_dequantization(name):
+@pytest.mark.parametrize("name", WEIGHT_ORACLES)
+def test_weights_are_bit_equal_to_the_tools_dequantization(name):
     oracle = load_file(str(FIXTURES / name / "oracle.safetensors"))
     model, _, report = checkpoint_model(FIXTURES / name, *FP16)
     count = LAYERS.get(name, 56)
