@@ -23,6 +23,7 @@ from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import TensorQuantSpec, fake_quant, static_scale
 from specft.quant.model_hooks import (
     experts_forward,
+    fused_experts,
     input_shard_group,
     install_attention_transform,
     plain_weights,
@@ -255,8 +256,6 @@ def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
 def _install_expert_inputs(model: nn.Module, ckpt, report: QuantReport) -> None:
     """A Mixture-of-Experts checkpoint's per-expert layers, fused by the loader: weight-only
     (the loader refuses quantized expert inputs), so nothing runs at run time; reported."""
-    from specft.quantized_checkpoints.experts import fused_experts
-
     for name in fused_experts(model):
         if any(n.startswith(name + ".") for n in ckpt.layers):
             report.layers.append(LayerReport(name, "experts"))

@@ -60,6 +60,12 @@ def install_attention_transform(model: nn.Module, transform) -> None:
     model.set_attn_implementation(name)
 
 
+def fused_experts(model: nn.Module) -> dict[str, nn.Module]:
+    """name -> every module holding a layer's experts as 3-D gate_up_proj / down_proj."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3}
+
+
 def experts_forward(quant_in, quant_mid):
     """The Qwen3-MoE experts loop with each expert GEMM's input quantized (identity
     quantizers for none). An online rotation of the down_proj input

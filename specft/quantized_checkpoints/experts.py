@@ -19,14 +19,9 @@ import torch
 from torch import nn
 
 from specft.errors import SpecftError
+from specft.quant.model_hooks import fused_experts
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-
-def fused_experts(model: nn.Module) -> dict[str, nn.Module]:
-    """name -> every module holding a layer's experts as 3-D gate_up_proj / down_proj."""
-    return {name: m for name, m in model.named_modules()
-            if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3}
 
 
 @contextmanager

@@ -167,12 +167,12 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
     no dense copy of a quantized layer outlives its forward."""
     from transformers import AutoConfig
 
+    from specft.quant.model_hooks import fused_experts
     from specft.quantized_checkpoints import CHECKPOINT_FORMATS
     from specft.quantized_checkpoints.experts import (
         check_weight_only,
         expert_views,
         fuse_expert_weights,
-        fused_experts,
     )
 
     config = checkpoint.load_config() if checkpoint.load_config else AutoConfig.from_pretrained(where)
