@@ -14,7 +14,7 @@ import pytest
 import specft
 
 REPO = Path(__file__).resolve().parent.parent
-COMMANDS = ("cache", "train", "eval", "export", "plan", "info")
+COMMANDS = ("cache", "train", "eval", "export", "plan", "distance", "info")
 
 
 def _subpackages() -> list[str]:
