@@ -35,22 +35,13 @@ def _peak_mb() -> float:
 
 def measure(model_dir: Path, mode: str, tokens: int, forwards: int, dtype: str, logits_out: Path) -> dict:
     """One process's figures (run with --child)."""
-    from omegaconf import OmegaConf
-
-    from specft.cli import compose
-    from specft.quant import apply_quant
-    from specft.target_model import load_target
-    from specft.validate import to_schema
+    from check_checkpoints import specft_model
 
     ids = torch.randint(0, 2**31 - 1, (1, tokens), generator=torch.Generator().manual_seed(0))
     base_mb = _peak_mb()
-    cfg = compose(["model=hf", f"model.path={model_dir}", "quant=checkpoint", f"model.dtype={dtype}",
-                   f"model.checkpoint_weights={mode}", "eval.dtype=float32"])
-    OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
-    root = to_schema(cfg)
     t0 = time.perf_counter()
-    model, _ = load_target(root.model)
-    apply_quant(model, root.quant)
+    model, _ = specft_model(model_dir, "checkpoint", f"model.dtype={dtype}", f"model.checkpoint_weights={mode}",
+                            "eval.dtype=float32")
     load_s = time.perf_counter() - t0
     held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     load_mb = _peak_mb()
@@ -104,9 +95,9 @@ def main() -> None:
     if args.out:
         (args.out / "memory.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
         (args.out / "memory.md").write_text(f"{table}\n\n{machine}\n")
-        for f in scratch.iterdir():
-            f.unlink()
-        scratch.rmdir()
+    for f in scratch.iterdir():
+        f.unlink()
+    scratch.rmdir()
 
 
 if __name__ == "__main__":

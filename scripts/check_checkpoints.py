@@ -28,7 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def specft_model(model_dir: Path, quant: str = "checkpoint"):
+def specft_model(model_dir: Path, quant: str = "checkpoint", *overrides: str):
+    """(model, tokenizer) as specft runs the target, float32 unless ``overrides`` say otherwise."""
     from omegaconf import OmegaConf
 
     from specft.cli import compose
@@ -36,7 +37,7 @@ def specft_model(model_dir: Path, quant: str = "checkpoint"):
     from specft.target_model import load_target
     from specft.validate import to_schema
 
-    cfg = compose(["model=hf", f"model.path={model_dir}", f"quant={quant}", "model.dtype=float32"])
+    cfg = compose(["model=hf", f"model.path={model_dir}", f"quant={quant}", "model.dtype=float32", *overrides])
     OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
     root = to_schema(cfg)
     model, tokenizer = load_target(root.model)

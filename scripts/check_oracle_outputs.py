@@ -19,13 +19,9 @@ import platform
 from pathlib import Path
 
 import torch
+from check_checkpoints import _rel, specft_model
 from safetensors import safe_open
 from safetensors.torch import load_file
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    d = (a.double() - b.double()).abs()
-    return float(d.max() / b.double().abs().max()), float(d.mean() / b.double().abs().mean())
 
 
 def dense_weight(state: dict, layer: str) -> torch.Tensor:
@@ -43,25 +39,9 @@ def dense_weight(state: dict, layer: str) -> torch.Tensor:
 
 @torch.no_grad()
 def compare(model_dir: Path, dtype: str) -> dict:
-    from check_checkpoints import specft_model  # noqa: I001 (scripts/ on the path)
-    from omegaconf import OmegaConf
-
-    from specft.cli import compose
-    from specft.quant import apply_quant
-    from specft.target_model import load_target
-    from specft.validate import to_schema
-
     oracle = load_file(str(model_dir / "oracle.safetensors"))
     meta = safe_open(str(model_dir / "oracle.safetensors"), "pt").metadata() or {}
-    if dtype == "float32":
-        model, tokenizer = specft_model(model_dir)
-    else:
-        cfg = compose(["model=hf", f"model.path={model_dir}", "quant=checkpoint", f"model.dtype={dtype}",
-                       "eval.dtype=float32"])
-        OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
-        root = to_schema(cfg)
-        model, tokenizer = load_target(root.model)
-        apply_quant(model, root.quant)
+    model, tokenizer = specft_model(model_dir, "checkpoint", f"model.dtype={dtype}", "eval.dtype=float32")
     ids = oracle["input_ids"]
     out = model(ids, output_hidden_states=True)
     hidden = [_rel(h, oracle[f"hidden.{i}"]) for i, h in enumerate(out.hidden_states[1:])]

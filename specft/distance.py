@@ -23,7 +23,6 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from specft.config import aux_layer_ids
@@ -99,14 +98,13 @@ def _rel(x: torch.Tensor, y: torch.Tensor) -> float:
 
 def compare(served, reference, seed: int = 0) -> dict:
     """Per-token relative errors (averaged over conversations) and top-1 agreement with a
-    95% bootstrap interval over conversations; per-conversation counts kept."""
+    95% bootstrap interval over conversations (eval's stats); per-conversation counts kept."""
+    from specft.eval.stats import ratio_interval
+
     agree = [int((a[2] == b[2]).sum()) for a, b in zip(served, reference)]
     tokens = [a[2].numel() for a in served]
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(agree), size=(2000, len(agree)))
-    boot = np.asarray(agree)[pick].sum(1) / np.asarray(tokens)[pick].sum(1)
     return {"top1_agreement": sum(agree) / sum(tokens),
-            "top1_agreement_ci95": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
+            "top1_agreement_ci95": ratio_interval(agree, tokens, seed),
             "aux_rel_err": sum(_rel(a[0], b[0]) for a, b in zip(served, reference)) / len(served),
             "final_rel_err": sum(_rel(a[1], b[1]) for a, b in zip(served, reference)) / len(served),
             "tokens": sum(tokens), "per_sequence": [{"tokens": t, "agree": a} for t, a in zip(tokens, agree)]}
@@ -116,7 +114,7 @@ def _acceptance(cfg, model, tokenizer, draft, prompts) -> dict:
     """The draft's greedy acceptance at distance.k against ``model`` (per-prompt counts kept)."""
     from specft.decoding import SpecDecoder
     from specft.drafts import DRAFT_ARCHS
-    from specft.eval.runner import _decode_all
+    from specft.eval.runner import decode_all
     from specft.eval.stats import confidence
     from specft.target_model.loader import stop_token_ids
 
@@ -124,7 +122,7 @@ def _acceptance(cfg, model, tokenizer, draft, prompts) -> dict:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     decoder = SpecDecoder(model, DRAFT_ARCHS.get(draft.architecture).runner(draft), aux_layer_ids(cfg.model), eos, pad)
     greedy = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, temperature=0.0))
-    _, stats = _decode_all(decoder, prompts, cfg.distance.k, max(cfg.eval.batch_sizes), greedy)
+    _, stats = decode_all(decoder, prompts, cfg.distance.k, max(cfg.eval.batch_sizes), greedy)
     return {"acceptance_rate": stats.acceptance_rate, **confidence(stats.per_prompt, cfg.seed),
             "proposed": stats.proposed, "accepted": stats.accepted, "per_prompt": stats.per_prompt}
 

@@ -113,7 +113,7 @@ def check_draft_matches_target(meta: dict, cfg: RootConfig, path: str) -> None:
                               f"this target, model={m.name}, has {here})")
 
 
-def _decode_all(decoder: SpecDecoder, prompts, k: int, batch: int, cfg: RootConfig):
+def decode_all(decoder: SpecDecoder, prompts, k: int, batch: int, cfg: RootConfig):
     e = cfg.eval
     s = SamplingConfig(e.temperature, e.top_p, e.top_k)
     total = DecodeStats(proposed_at=[0] * k, accepted_at=[0] * k)
@@ -195,7 +195,7 @@ def run_eval(cfg: RootConfig) -> Path:
             for label, draft, k in runs:
                 runner = DRAFT_ARCHS.get(draft.architecture).runner(draft) if draft is not None else None
                 decoder = SpecDecoder(target, runner, ids, eos, pad)
-                tokens, st = _decode_all(decoder, prompts, k, batch, cfg)
+                tokens, st = decode_all(decoder, prompts, k, batch, cfg)
                 weights = target_bytes + (_bytes(draft, shared_with=target) if draft is not None else 0)
                 rec = _record(label or "target alone", k, batch, st, weights, len(prompts), e.seed)
                 if label is None:

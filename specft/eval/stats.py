@@ -52,6 +52,13 @@ def _interval(samples: tuple, statistic, seed: int) -> list[float]:
     return [float(lo), float(hi)]
 
 
+def ratio_interval(numerators: list[int], denominators: list[int], seed: int) -> list[float]:
+    """95% CI of sum(numerators) / sum(denominators), resampling the units (prompts,
+    conversations) they were counted on; e.g. `specft distance`'s top-1 agreement."""
+    cols = (np.asarray(numerators, dtype=np.float64), np.asarray(denominators, dtype=np.float64))
+    return _interval(cols, lambda num, den, axis=-1: _ratio(num, den, axis), seed)
+
+
 def confidence(per_prompt: list[list[int]], seed: int) -> dict:
     """95% CIs of one run's acceptance rate and length."""
     cols = _columns(per_prompt)

@@ -247,13 +247,13 @@ def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
         if layer.forward is not None:
             module.forward = layer.forward
         report.layers.append(LayerReport(name, "linear"))
-    _install_expert_inputs(model, ckpt, report)
+    _report_experts(model, ckpt, report)
     for transform in ckpt.attention:
         install_attention_transform(model, transform)
     return report
 
 
-def _install_expert_inputs(model: nn.Module, ckpt, report: QuantReport) -> None:
+def _report_experts(model: nn.Module, ckpt, report: QuantReport) -> None:
     """A Mixture-of-Experts checkpoint's per-expert layers, fused by the loader: weight-only
     (the loader refuses quantized expert inputs), so nothing runs at run time; reported."""
     for name in fused_experts(model):

@@ -35,6 +35,11 @@ from specft.quantized_checkpoints.base import (
     read_config,
     read_tensors,
 )
+from specft.quantized_checkpoints.compressed_tensors import (
+    CTArgs,
+    broadcast_scale,
+    expected_scale_shape,
+)
 
 QUANT_METHOD = "fp8"
 FP8_MAX = 448.0
@@ -62,14 +67,15 @@ class TokenGroupFp8Input:
 
 def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
                          name: str) -> torch.Tensor:
-    """The float32 weight of one layer: each block's codes times its scale."""
-    rows, cols = weight.shape
-    want = (-(-rows // block[0]), -(-cols // block[1]))
+    """The float32 weight of one layer: each block's codes times its scale, broadcast as
+    compressed-tensors' FP8_BLOCK broadcasts its block scales (the same arithmetic)."""
+    shape = tuple(weight.shape)
+    args = CTArgs(num_bits=8, type="float", symmetric=True, strategy="block", block_structure=block)
+    want = expected_scale_shape(args, *shape)
     if tuple(scale_inv.shape) != want:
         raise SpecftError(f"model.path: {name}.{SCALE} has shape {list(scale_inv.shape)}, but {block[0]}x{block[1]} "
-                          f"blocks of a {[rows, cols]} weight need {list(want)}")
-    full = scale_inv.to(torch.float32).repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
-    return weight.to(torch.float32) * full[:rows, :cols]
+                          f"blocks of a {list(shape)} weight need {list(want)}")
+    return weight.to(torch.float32) * broadcast_scale(scale_inv.to(torch.float32), args, shape)
 
 
 class HfFp8(FormatFamily):

@@ -37,6 +37,7 @@ from specft.quantized_checkpoints.base import (
     read_json,
     read_tensors,
 )
+from specft.quantized_checkpoints.compressed_tensors import CTArgs, InputQuantizer, unpack_fp4
 
 CONFIG_FILE = "hf_quant_config.json"
 SUPPORTED_ALGOS = ("FP8", "NVFP4")
@@ -124,7 +125,6 @@ class ModelOpt(FormatFamily):
 
 
     def _load_nvfp4(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        from specft.quantized_checkpoints.compressed_tensors import CTArgs, InputQuantizer
 
         raw = read_tensors(ckpt.model_dir, "model*.safetensors")
         quantized = {k[: -len(".weight_scale_2")] for k in raw if k.endswith(".weight_scale_2")}
@@ -150,9 +150,6 @@ class ModelOpt(FormatFamily):
         return state
 
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
-
-
 def _nvfp4_weight(t: dict[str, torch.Tensor], module: nn.Linear, name: str) -> torch.Tensor:
     """The float32 weight: each code's E2M1 value times its group's scale, the scale the
     product of the group's E4M3 scale and the tensor's float32 one."""
@@ -162,9 +159,9 @@ def _nvfp4_weight(t: dict[str, torch.Tensor], module: nn.Linear, name: str) -> t
         raise SpecftError(f"model.path: {name}.weight / weight_scale have shapes {list(packed.shape)} / "
                           f"{list(scale.shape)}, but an NVFP4 [{out}, {inp}] weight needs [{out}, {inp // 2}] / "
                           f"[{out}, {inp // 16}]")
-    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2).long()
+    values = unpack_fp4(packed).to(torch.float32)  # the same packing as compressed-tensors' (exact values)
     group_scale = scale.to(torch.float32) * t["weight_scale_2"]
-    return (E2M1[codes].unflatten(-1, (-1, 16)) * group_scale.unsqueeze(-1)).flatten(-2)
+    return (values.unflatten(-1, (-1, 16)) * group_scale.unsqueeze(-1)).flatten(-2)
 
 
 CHECKPOINT_FORMATS.register("modelopt")(ModelOpt())
