@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,19 +35,63 @@ def quant_method(model_dir: Path) -> str | None:
     return (read_config(model_dir).get("quantization_config") or {}).get("quant_method")
 
 
-def read_tensors(model_dir: Path, pattern: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the weight files matching ``pattern`` (an index json, when there
+# safetensors' header names for the dtypes a checkpoint holds (anything else is read to tell)
+HEADER_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                 "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+                 "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
+class LazyTensors(Mapping):
+    """A checkpoint's tensors by name, each read from its file when asked for and not
+    kept: a family walking the model layer by layer holds one layer's stored tensors at a
+    time, which is what lets a sharded load stay within a rank's share (``dtype`` and
+    ``under`` answer from the files' headers without reading data)."""
+
+    def __init__(self, files: list[Path]):
+        self._file, self._dtype, self._below = {}, {}, {}
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    self._file[key] = path
+                    self._dtype[key] = HEADER_DTYPES.get(f.get_slice(key).get_dtype())
+                    parts = key.split(".")
+                    for depth in range(1, len(parts)):  # every module above it
+                        self._below.setdefault(".".join(parts[:depth]), []).append(key)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        with safe_open(str(self._file[key]), framework="pt") as f:
+            return f.get_tensor(key)
+
+    def __iter__(self):
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def __contains__(self, key) -> bool:
+        return key in self._file
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self._dtype[key] if self._dtype[key] is not None else self[key].dtype
+
+    def get_dtype(self, key: str) -> torch.dtype | None:
+        """The dtype of ``key``; None when the checkpoint has no such tensor."""
+        return self.dtype(key) if key in self._file else None
+
+    def under(self, name: str) -> dict[str, torch.Tensor]:
+        """The tensors of module ``name`` by their local names (``qweight``, ``weight_scale``)."""
+        return {k[len(name) + 1:]: self[k] for k in self._below.get(name, ())}
+
+
+def read_tensors(model_dir: Path, pattern: str) -> LazyTensors:
+    """The tensors of the weight files matching ``pattern`` (an index json, when there
     is one, names them); other safetensors beside them (an oracle's outputs) are not read."""
     index = next(iter(sorted(model_dir.glob(pattern + ".index.json"))), None)
     files = [model_dir / n for n in sorted(set(read_json(index)["weight_map"].values()))] if index else \
         sorted(model_dir.glob(pattern))
     if not files:
         raise SpecftError(f"model.path: {model_dir} holds no {pattern} weights")
-    tensors = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            tensors.update({key: f.get_tensor(key) for key in f.keys()})
-    return tensors
+    return LazyTensors(files)
 
 
 def need(tensors: dict[str, torch.Tensor], key: str, where: str = "") -> torch.Tensor:

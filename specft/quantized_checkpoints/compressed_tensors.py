@@ -487,14 +487,15 @@ class CompressedTensors(FormatFamily):
         ``ckpt.layers`` with each layer's scheme and input quantizer."""
         raw = read_tensors(ckpt.model_dir, "model*.safetensors")  # not an oracle.safetensors beside it
         quant_suffixes = tuple("." + t for t in QUANT_TENSORS) + tuple("." + t.tensor for t in transforms)
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in raw.items() if not k.endswith(quant_suffixes)}
+        state = {k: raw[k].to(dtype) if raw.dtype(k).is_floating_point else raw[k] for k in raw
+                 if not k.endswith(quant_suffixes)}
         for name, module in model.named_modules():
             if not isinstance(module, nn.Linear) or any(_matches(p, name, module) for p in ckpt.ignored):
                 continue
             group = next((g for g in groups if any(_matches(t, name, module) for t in g.targets)), None)
             if group is None:
                 continue
-            local = {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
+            local = raw.under(name)
             if "weight_g_idx" in local:
                 raise SpecftError(f"quant=checkpoint: {name}.weight_g_idx (act-order groups) is not supported yet")
             if group.weights is not None:

@@ -121,13 +121,14 @@ class PackedIntFamily(FormatFamily):
     def _load_state(self, ckpt: CheckpointQuant, layout: str, scheme: PackedScheme, model: nn.Module,
                     dtype: torch.dtype) -> dict[str, torch.Tensor]:
         raw = read_tensors(ckpt.model_dir, "model*.safetensors")
-        state = {k: v.to(dtype) for k, v in raw.items() if v.is_floating_point() and k.rsplit(".", 1)[-1] not in PACKED}
+        state = {k: raw[k].to(dtype) for k in raw
+                 if raw.dtype(k).is_floating_point and k.rsplit(".", 1)[-1] not in PACKED}
         for name, module in model.named_modules():
             if not isinstance(module, nn.Linear) or f"{name}.qweight" not in raw:
                 continue
             if any(name == p or name.startswith(p + ".") or fnmatch(name, p) for p in ckpt.ignored):
                 raise SpecftError(f"model.path: {name} is in modules_to_not_convert but its weight is packed")
-            local = {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
+            local = raw.under(name)
             stored = {k: v for k, v in local.items() if k in PACKED}
             ckpt.put_weight(state, name, module, stored,
                             lambda t, m=module, n=name: self.weight(t, layout, scheme, m, n), dtype)

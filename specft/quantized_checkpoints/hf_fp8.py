@@ -112,21 +112,21 @@ class HfFp8(FormatFamily):
     def _load_state(self, ckpt: CheckpointQuant, block: tuple[int, int], model: nn.Module,
                     dtype: torch.dtype) -> dict[str, torch.Tensor]:
         raw = read_tensors(ckpt.model_dir, "model*.safetensors")
-        state = {k: v.to(dtype) for k, v in raw.items()
-                 if v.is_floating_point() and v.dtype != torch.float8_e4m3fn and not k.endswith("." + SCALE)}
+        state = {k: raw[k].to(dtype) for k in raw
+                 if raw.dtype(k).is_floating_point and raw.dtype(k) != torch.float8_e4m3fn
+                 and not k.endswith("." + SCALE)}
         quantize_input = TokenGroupFp8Input(block[1])
         for name, module in model.named_modules():
-            weight = raw.get(f"{name}.weight")
-            if not isinstance(module, nn.Linear) or weight is None or weight.dtype != torch.float8_e4m3fn:
+            if not isinstance(module, nn.Linear) or raw.get_dtype(f"{name}.weight") != torch.float8_e4m3fn:
                 continue
             if self._excluded(ckpt, name):
                 raise SpecftError(f"model.path: {name} is in modules_to_not_convert but its weight is FP8")
-            stored = {"weight": weight, SCALE: need(raw, f"{name}.{SCALE}")}
+            stored = {"weight": raw[f"{name}.weight"], SCALE: need(raw, f"{name}.{SCALE}")}
             ckpt.put_weight(state, name, module, stored,
                             lambda t, n=name: dequantize_block_fp8(t["weight"], t[SCALE], block, n), dtype)
             ckpt.layers[name] = LayerQuant(name, f"fp8 block {block[0]}x{block[1]}",
                                            f"fp8 token group {block[1]} dynamic", quantize_input)
-        stray = sorted(k for k, v in raw.items() if (v.dtype == torch.float8_e4m3fn or k.endswith("." + SCALE))
+        stray = sorted(k for k in raw if (raw.dtype(k) == torch.float8_e4m3fn or k.endswith("." + SCALE))
                        and k.rsplit(".", 1)[0] not in ckpt.layers)
         if stray:  # its codes would otherwise be read as 16-bit weights, or its scale dropped
             raise SpecftError(f"model.path: {stray[0]} belongs to no FP8 linear layer of the model")

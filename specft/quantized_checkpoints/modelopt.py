@@ -104,20 +104,20 @@ class ModelOpt(FormatFamily):
 
     def _load_state(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         raw = read_tensors(ckpt.model_dir, "model*.safetensors")
-        state = {k: v.to(dtype) for k, v in raw.items()
-                 if v.is_floating_point() and v.dtype != torch.float8_e4m3fn and not k.endswith(QUANT_TENSORS)}
+        state = {k: raw[k].to(dtype) for k in raw
+                 if raw.dtype(k).is_floating_point and raw.dtype(k) != torch.float8_e4m3fn
+                 and not k.endswith(QUANT_TENSORS)}
         for name, module in model.named_modules():
-            weight = raw.get(f"{name}.weight")
-            if not isinstance(module, nn.Linear) or weight is None or weight.dtype != torch.float8_e4m3fn:
+            if not isinstance(module, nn.Linear) or raw.get_dtype(f"{name}.weight") != torch.float8_e4m3fn:
                 continue
             if any(fnmatch(name, p) for p in ckpt.ignored):
                 raise SpecftError(f"model.path: {name} is in exclude_modules but its weight is FP8")
-            stored = {"weight": weight, "weight_scale": _tensor_scale(raw, f"{name}.weight_scale")}
+            stored = {"weight": raw[f"{name}.weight"], "weight_scale": _tensor_scale(raw, f"{name}.weight_scale")}
             ckpt.put_weight(state, name, module, stored,
                             lambda t: t["weight"].to(torch.float32) * t["weight_scale"], dtype)
             quantize_input = StaticFp8Input(_tensor_scale(raw, f"{name}.input_scale"))
             ckpt.layers[name] = LayerQuant(name, "fp8 tensor", "fp8 tensor static", quantize_input)
-        stray = sorted(k for k, v in raw.items() if v.dtype == torch.float8_e4m3fn and k.rsplit(".", 1)[0]
+        stray = sorted(k for k in raw if raw.dtype(k) == torch.float8_e4m3fn and k.rsplit(".", 1)[0]
                        not in ckpt.layers)
         if stray:
             raise SpecftError(f"model.path: {stray[0]} is FP8, but the model has no such linear layer")
@@ -128,8 +128,9 @@ class ModelOpt(FormatFamily):
 
         raw = read_tensors(ckpt.model_dir, "model*.safetensors")
         quantized = {k[: -len(".weight_scale_2")] for k in raw if k.endswith(".weight_scale_2")}
-        state = {k: v.to(dtype) for k, v in raw.items() if v.is_floating_point() and v.dtype != torch.float8_e4m3fn
-                 and not k.endswith(QUANT_TENSORS) and k.rsplit(".", 1)[0] not in quantized}
+        state = {k: raw[k].to(dtype) for k in raw if raw.dtype(k).is_floating_point
+                 and raw.dtype(k) != torch.float8_e4m3fn and not k.endswith(QUANT_TENSORS)
+                 and k.rsplit(".", 1)[0] not in quantized}
         args = CTArgs.parse({**NVFP4_ELEMENTS, "group_size": 16}, "NVFP4 inputs")
         for name, module in model.named_modules():
             if name not in quantized:
