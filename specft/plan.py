@@ -4,9 +4,10 @@ alone, for each device count, and a refusal when a plan does not fit.
 Formulas (all bytes; B*T = cache.batch_size x data.max_seq_len tokens per forward):
 - quant=checkpoint: the checkpoint's stored size from its quantization_config (codes plus
   scales and zero points per group or block: HF FP8 8 + 32/16384, AWQ/GPTQ int4 group 128
-  4 + 20/128). The rows count what specft holds, whole on every rank: the stored bytes
-  plus one dense Linear in flight (model.checkpoint_weights=packed), or the model
-  dequantized to 16 bit (dense).
+  4 + 20/128). The rows count what specft holds: dequantized to 16 bit on load
+  (model.checkpoint_weights=dense), partitioned over the ranks as a 16-bit target is under
+  zero3 (written into the partitions as it loads) and whole on every rank otherwise; or
+  the stored bytes plus one dense Linear in flight (packed), whole on every rank.
 - weights: Linear weights of the quantized layers at the format's bits (element bits plus
   the scale's bits per block: MXFP4 4 + 8/32, NVFP4 4 + 8/16, FP8 per channel 8 + 32/in),
   everything the quant config excludes (embeddings, lm_head, MoE router) and the norms in
@@ -105,6 +106,12 @@ def _dense_in_flight(m: ModelConfig, head_dim: int) -> float:
     return 2.0 * max(m.hidden_size * m.intermediate_size, m.hidden_size * m.num_heads * head_dim)
 
 
+def _checkpoint_whole(m: ModelConfig, q: QuantConfig, p: PlanConfig) -> bool:
+    """A checkpoint loads whole on every rank unless it is dense under zero3 (tp refuses
+    a checkpoint; packed weights are not partitioned)."""
+    return q.from_checkpoint and (p.strategy != "zero3" or m.checkpoint_weights == "packed")
+
+
 def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward: int,
               cache_bytes_per_token: float) -> list[dict]:
     c = param_counts(m)
@@ -118,7 +125,7 @@ def plan_rows(m: ModelConfig, q: QuantConfig, p: PlanConfig, tokens_per_forward:
     tok_s = p.device_tflops * 1e12 * p.mfu / (2 * c.active)
     rows = []
     for n in p.devices:
-        if q.from_checkpoint:  # loaded whole on every rank (cache.sharding refuses a checkpoint for now)
+        if _checkpoint_whole(m, q, p):
             weights, kv_rank = linear_bytes + other_bytes + _dense_in_flight(m, hd), kv
         elif p.strategy == "zero3":
             weights = (linear_bytes + other_bytes) / n + 2 * c.layer_bytes_16bit * (linear_bytes / (2.0 * c.linear))
@@ -142,8 +149,9 @@ def format_plan(m: ModelConfig, q: QuantConfig, p: PlanConfig, rows: list[dict])
         bits, source = stored_linear_bits(m, c.linear_in_features)
         held = ("kept packed (model.checkpoint_weights=packed), one layer dequantized at a time"
                 if m.checkpoint_weights == "packed" else "dequantized on load (model.checkpoint_weights=dense)")
+        where = "whole on every rank" if _checkpoint_whole(m, q, p) else "partitioned over the ranks"
         lines.append(f"checkpoint: {(c.linear * bits / 8 + 2.0 * c.other) / GB:.1f} GB as stored ({source}; "
-                     f"the rest 16 bit); {held}, whole on every rank")
+                     f"the rest 16 bit); {held}, {where}")
     lines.append(f"{'devices':>8} {'weights':>9} {'activ.':>8} {'KV':>8} {'total':>9} {'fits':>5} {'tok/s':>8} {'write MB/s':>11}")
     for r in rows:
         lines.append(f"{r['devices']:>8} {r['weights_gb']:8.1f}G {r['activations_gb']:7.2f}G {r['kv_gb']:7.2f}G "

@@ -57,6 +57,7 @@ def check_checkpoint_quant(root: RootConfig) -> None:
     """quant=checkpoint runs a local quantized checkpoint; an emulated format on a
     checkpoint that is already quantized would quantize it twice."""
     from specft.quantized_checkpoints import detect_family, open_checkpoint
+    from specft.target_model.loader import check_checkpoint_placement
 
     model, quant = root.model, root.quant
     local = model.source == "hf" and model.path and (Path(model.path).expanduser().is_dir()
@@ -66,12 +67,11 @@ def check_checkpoint_quant(root: RootConfig) -> None:
             raise SpecftError(f"quant=checkpoint: runs the quantized checkpoint in model.path; give a local "
                               f"checkpoint directory or .gguf file (model={model.name} has source={model.source}, "
                               f"path={model.path})")
-        if open_checkpoint(Path(model.path).expanduser()) is None:
+        checkpoint = open_checkpoint(Path(model.path).expanduser())
+        if checkpoint is None:
             raise SpecftError(f"quant=checkpoint: {model.path} is not a quantized checkpoint (its config.json has "
                               "no quantization_config); name a format to emulate instead, e.g. quant=fp8 (bf16: none)")
-        if root.cache.sharding != "none":
-            raise SpecftError("cache.sharding: a quantized checkpoint (quant=checkpoint) loads on one rank for now; "
-                              "use cache.sharding=none")
+        check_checkpoint_placement(checkpoint.family, root.cache.sharding, model.checkpoint_weights == "packed")
         return
     family = detect_family(Path(model.path).expanduser()) if local else None
     if family is not None:

@@ -121,9 +121,15 @@ def test_a_checkpoint_is_sized_as_stored_beside_what_specft_holds(tmp_path, name
                    cwd=tmp_path)
     assert f"checkpoint: {stored_gb:.1f} GB as stored (checkpoint {qcfg['quant_method'].replace('fp8', 'hf-fp8')}, " \
            f"{bits:.2f} bits per weight as stored" in proc.stdout
-    # dense: dequantized on load, whole on every rank; packed: as stored, plus one dense Linear
+    # dense: dequantized on load, partitioned under zero3 (the default plan.strategy) as the
+    # 16-bit target is, whole on every rank otherwise; packed: as stored, plus one dense Linear
+    bf16 = run_cli(["plan", f"model={model}", "quant=bf16", "plan.device_memory_gb=1000"], cwd=tmp_path)
+    assert rows_of(proc.stdout) and [r[1] for r in rows_of(proc.stdout)] == [r[1] for r in rows_of(bf16.stdout)]
+    assert "dequantized on load (model.checkpoint_weights=dense), partitioned over the ranks" in proc.stdout
     whole = f"{(linear + other) * 2 / GB:.1f}G"
-    assert rows_of(proc.stdout) and all(r[1] == whole for r in rows_of(proc.stdout))
+    tp = run_cli(["plan", "model=hf", f"model.path={path}", "quant=checkpoint", "plan.device_memory_gb=1000",
+                  "plan.strategy=tp"], cwd=tmp_path)
+    assert rows_of(tp.stdout) and all(r[1] == whole for r in rows_of(tp.stdout))
     packed = run_cli(["plan", "model=hf", f"model.path={path}", "quant=checkpoint", "plan.device_memory_gb=1000",
                       "model.checkpoint_weights=packed"], cwd=tmp_path)
     in_flight = 2 * max(h * m.intermediate_size, h * m.num_heads * hd)

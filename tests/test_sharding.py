@@ -2,10 +2,12 @@
 parallel caches equal the one-rank cache; each rank holds a part of the weights."""
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_bad_inputs import _run_unchanged
 
 from specft.cache import CacheReader
 from specft.errors import ConfigError
@@ -22,6 +24,7 @@ from helpers import root_cfg, run_ranks
 COMMON = ["data.num_samples=13", "cache.samples_per_shard=3", "cache.batch_size=1", "cache.dtype=fp32",
           "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=6", "data.regenerate.batch_size=1"]
 HOLDS = re.compile(r"rank 0 holds ([\d.]+) MB of weights")
+CHECKPOINTS = Path(__file__).resolve().parent / "fixtures" / "checkpoints"
 
 
 def _cache(tmp_path, name, *overrides):
@@ -60,6 +63,45 @@ def test_sharded_cache_equals_the_one_rank_cache(tmp_path, monkeypatch, model, q
     # Each of two ranks holds about half the weights (replicated norms and, under TP, the
     # router and layer norms stay whole).
     assert 0.45 < held_two / held_one < 0.6, (held_one, held_two)
+
+
+@pytest.mark.parametrize("checkpoint", [
+    "tiny_qwen3_gptq_awq/gptq_moe",  # GPTQModel, MoE: experts fused one layer at a time
+    "tiny_qwen3_hf_fp8",  # FP8 blocks, FP8 inputs in groups of 128
+    "tiny_qwen3/nvfp4",  # compressed-tensors NVFP4, FP4 inputs
+])
+def test_a_checkpoint_under_zero3_caches_what_one_rank_caches_bit_for_bit(tmp_path, monkeypatch, checkpoint):
+    """A quantized checkpoint written into ZeRO-3 partitions as it is dequantized
+    (target_model/partitioned_load.py) is the one-rank model: every cached value equal.
+    In bfloat16, as served: each rank holds half the weights at 2 bytes (zero.Init would
+    otherwise cast the partitions to float32)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    target = ["model=hf", f"model.path={CHECKPOINTS / checkpoint}", "quant=checkpoint", "model.dtype=bfloat16"]
+    one, held_one = _cache(tmp_path, "one", *target)
+    two, held_two = _cache(tmp_path, "two", *target, "cache.sharding=zero3", "trainer.nproc=2")
+    assert one.name == two.name
+    a, b = CacheReader(one), CacheReader(two)
+    assert len(a) == len(b) == 13
+    for i in range(13):
+        assert a[i].keys() == b[i].keys()
+        for key, value in a[i].items():
+            assert torch.equal(value, b[i][key]), (i, key)
+    head_a, head_b = load_file(one / "target_head.safetensors"), load_file(two / "target_head.safetensors")
+    assert head_a.keys() == head_b.keys() and all(torch.equal(head_a[k], head_b[k]) for k in head_a)
+    assert 0.45 < held_two / held_one < 0.55, (held_one, held_two)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.path={gptq}", "cache.sharding=tp"], "tp and device_map place only 16-bit checkpoints for now"),
+    (["model.path={gptq}", "cache.sharding=zero3", "model.checkpoint_weights=packed"],
+     "with cache.sharding=zero3 each rank holds its partition of the dense weights"),
+    (["model.path={msmodelslim}", "cache.sharding=zero3"], "msmodelslim checkpoints load whole on one rank"),
+])
+def test_sharding_a_checkpoint_cannot_do_is_one_line(tmp_path, overrides, message):
+    paths = {"gptq": CHECKPOINTS / "tiny_qwen3_gptq_awq" / "gptq_actorder",
+             "msmodelslim": CHECKPOINTS / "tiny_qwen3_msmodelslim" / "w8a8_dynamic"}
+    _run_unchanged(tmp_path, ["cache", "model=hf", "quant=checkpoint", "trainer.nproc=2",
+                              *(o.format(**paths) for o in overrides)], message)
 
 
 def test_tensor_parallel_activation_scales_are_the_full_rows(tmp_path):

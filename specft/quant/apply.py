@@ -23,6 +23,7 @@ from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import TensorQuantSpec, fake_quant, static_scale
 from specft.quant.model_hooks import (
     experts_forward,
+    full_shape,
     fused_experts,
     input_shard_group,
     install_attention_transform,
@@ -164,9 +165,7 @@ def _quantize_param_(param: nn.Parameter, spec: TensorQuantSpec, edit=plain_weig
 def _is_fused_experts(module: nn.Module) -> bool:
     gu = getattr(module, "gate_up_proj", None)
     down = getattr(module, "down_proj", None)
-    # ZeRO-3 leaves an empty placeholder in .data; ds_shape is the real shape.
-    return (isinstance(gu, nn.Parameter) and len(getattr(gu, "ds_shape", gu.shape)) == 3
-            and isinstance(down, nn.Parameter))
+    return isinstance(gu, nn.Parameter) and len(full_shape(gu)) == 3 and isinstance(down, nn.Parameter)
 
 
 def _install_kv_quant(model: nn.Module, spec: TensorQuantSpec, report: QuantReport) -> None:

@@ -170,12 +170,18 @@ class CheckpointQuant:
     # packed_layers instead of the state dict; the loader swaps in PackedLinear modules)
     packed: bool = False
     packed_layers: dict[str, PackedLinear] = field(default_factory=dict)
+    # (state-dict name, dense tensor) -> None: where put_weight sends a dense weight the
+    # moment it is made instead of ``state`` (a ZeRO-3 load writes it into its partition)
+    sink: Callable[[str, torch.Tensor], None] | None = None
 
     def put_weight(self, state: dict[str, torch.Tensor], name: str, module: nn.Module,
                    stored: dict[str, torch.Tensor], dequantize: Callable[[dict[str, torch.Tensor]], torch.Tensor],
                    dtype: torch.dtype) -> None:
         """One quantized layer's weight: dequantized into ``state`` now, or (packed) kept
         as ``stored`` with the same ``dequantize`` for its PackedLinear."""
+        if self.sink is not None:
+            self.sink(f"{name}.weight", dequantize(stored).to(dtype))
+            return
         if not self.packed:
             state[f"{name}.weight"] = dequantize(stored).to(dtype)
             return

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specft.errors import SpecftError
-from specft.quant.model_hooks import fused_experts
+from specft.quant.model_hooks import full_shape, fused_experts
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -29,7 +29,7 @@ def expert_views(model: nn.Module):
     """Per-expert stand-in Linears under each fused experts module while inside."""
     added = []
     for experts in fused_experts(model).values():
-        count, two_i, hidden = experts.gate_up_proj.shape
+        count, two_i, hidden = full_shape(experts.gate_up_proj)
         inter = two_i // 2
         for e in range(count):
             view = nn.Module()
@@ -45,21 +45,53 @@ def expert_views(model: nn.Module):
             del experts._modules[key]
 
 
+def _stack(name: str, count: int, pieces: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A layer's fused parameters from its per-expert weights (taken out of ``pieces``)."""
+    keys = {(e, p): f"{name}.{e}.{p}.weight" for e in range(count) for p in PROJECTIONS}
+    absent = [k for k in keys.values() if k not in pieces]
+    if absent:
+        raise SpecftError(f"model.path: {absent[0]} is missing from the checkpoint (its layer's other experts "
+                          "are there)")
+    gate_up = torch.stack([torch.cat([pieces.pop(keys[e, "gate_proj"]), pieces.pop(keys[e, "up_proj"])])
+                           for e in range(count)])
+    down = torch.stack([pieces.pop(keys[e, "down_proj"]) for e in range(count)])
+    return {f"{name}.gate_up_proj": gate_up, f"{name}.down_proj": down}
+
+
 def fuse_expert_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Per-expert dense weights in ``state`` stacked into the fused parameters (in place)."""
     for name, experts in fused_experts(model).items():
-        count = experts.gate_up_proj.shape[0]
-        keys = {(e, p): f"{name}.{e}.{p}.weight" for e in range(count) for p in PROJECTIONS}
-        present = [k for k in keys.values() if k in state]
-        if not present:
-            continue  # stored fused (or missing: load_state_dict names it)
-        absent = [k for k in keys.values() if k not in state]
-        if absent:
-            raise SpecftError(f"model.path: {absent[0]} is missing from the checkpoint (its layer's other experts "
-                              "are there)")
-        state[f"{name}.gate_up_proj"] = torch.stack(
-            [torch.cat([state.pop(keys[e, "gate_proj"]), state.pop(keys[e, "up_proj"])]) for e in range(count)])
-        state[f"{name}.down_proj"] = torch.stack([state.pop(keys[e, "down_proj"]) for e in range(count)])
+        count = full_shape(experts.gate_up_proj)[0]
+        if any(f"{name}.{e}.{p}.weight" in state for e in range(count) for p in PROJECTIONS):
+            state.update(_stack(name, count, state))  # else stored fused (or missing: the loader names it)
+
+
+class ExpertPieces:
+    """Per-expert dense weights held until their layer has all of them, then stacked: a
+    sharded load writes each layer's fused parameters as soon as they are whole, so no
+    rank holds more than one layer's experts dense."""
+
+    def __init__(self, model: nn.Module):
+        self.count = {name: full_shape(m.gate_up_proj)[0] for name, m in fused_experts(model).items()}
+        self.held: dict[str, dict[str, torch.Tensor]] = {}
+
+    def add(self, key: str, tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """The layer's fused parameters once ``key`` completes them ({} until then); None
+        when ``key`` is no expert's weight."""
+        parts = key.rsplit(".", 3)
+        if len(parts) != 4 or parts[0] not in self.count or parts[2] not in PROJECTIONS or parts[3] != "weight":
+            return None
+        layer, count = parts[0], self.count[parts[0]]
+        held = self.held.setdefault(layer, {})
+        held[key] = tensor
+        if len(held) < count * len(PROJECTIONS):
+            return {}
+        return _stack(layer, count, self.held.pop(layer))
+
+    def finish(self) -> None:
+        """Refuses a layer some of whose experts never came."""
+        for layer, held in self.held.items():
+            _stack(layer, self.count[layer], dict(held))
 
 
 def check_weight_only(name: str, layers: dict) -> None:

@@ -129,6 +129,10 @@ def complete_tp_plan(config) -> None:
         config.base_model_tp_plan = {**plan, **FUSED_EXPERTS_TP_PLAN}
 
 
+CHECKPOINT_SHARDING = ("cache.sharding: a quantized checkpoint (quant=checkpoint) runs with cache.sharding=none or "
+                       "zero3 (partitioned as it loads); tp and device_map place only 16-bit checkpoints for now")
+
+
 def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement):
     """(model in eval mode with frozen weights, tokenizer). ``placement``: from_pretrained's
     device_map / tp_plan / device_mesh (see sharding.py)."""
@@ -138,8 +142,7 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
     checkpoint = open_checkpoint(Path(where) / gguf_file if gguf_file else where) if cfg.source == "hf" else None
     if checkpoint is not None:
         if placement:
-            raise ConfigError("cache.sharding: a quantized checkpoint (quant=checkpoint) loads on one rank for "
-                              "now; use cache.sharding=none")
+            raise ConfigError(CHECKPOINT_SHARDING)
         model = _load_quantized_checkpoint(where, checkpoint, dtype, cfg.checkpoint_weights == "packed")
     else:
         if placement.get("tp_plan"):  # the plan read from the config, completed
@@ -164,16 +167,16 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
     model is built without weights (accelerate's init_empty_weights: parameters on the
     meta device, buffers such as RoPE's real), its quantized layers become PackedLinear
     modules holding the stored tensors, and the rest is assigned from the checkpoint, so
-    no dense copy of a quantized layer outlives its forward."""
+    no dense copy of a quantized layer outlives its forward. Under ZeRO-3 (cache.sharding=
+    zero3) the model is built in partitions and each dense tensor is written into its
+    partition as the family makes it (partitioned_load.py)."""
     from transformers import AutoConfig
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     from specft.quant.model_hooks import fused_experts
-    from specft.quantized_checkpoints import CHECKPOINT_FORMATS
-    from specft.quantized_checkpoints.experts import (
-        check_weight_only,
-        expert_views,
-        fuse_expert_weights,
-    )
+    from specft.quantized_checkpoints.experts import check_weight_only, expert_views
+    from specft.target_model.partitioned_load import PartitionWriter
+    from specft.target_model.sharding import zero3_edit
 
     config = checkpoint.load_config() if checkpoint.load_config else AutoConfig.from_pretrained(where)
     if hasattr(config, "quantization_config"):
@@ -183,37 +186,66 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
                  checkpoint.compute_dtype)
         dtype = checkpoint.compute_dtype
     experts = getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0) or 0
-    if experts and packed:
-        raise ConfigError(f"model.checkpoint_weights=packed: Mixture-of-Experts checkpoints ({experts} experts) load "
-                          "dense only for now")
-    if packed and not CHECKPOINT_FORMATS.get(checkpoint.family).packs:
-        raise ConfigError(f"model.checkpoint_weights=packed: {checkpoint.family} checkpoints load dense only for now; "
-                          f"packed: {', '.join(n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).packs)}")
+    zero3 = is_deepspeed_zero3_enabled()
+    check_checkpoint_placement(checkpoint.family, "zero3" if zero3 else "none", packed, experts)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if packed:
         from accelerate import init_empty_weights
 
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         checkpoint.packed = True
-    else:
+    else:  # under ZeRO-3 (transformers sees its config alive) built in partitions by zero.Init
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if zero3:
+        writer = checkpoint.sink = PartitionWriter(model, zero3_edit, tied)
     with expert_views(model):  # per-expert Linears where transformers fuses a layer's experts
         state = checkpoint.load_state(model, dtype)
-    fuse_expert_weights(model, state)
     for name in fused_experts(model):
         check_weight_only(name, checkpoint.layers)
-    for name, module in checkpoint.packed_layers.items():
-        model.set_submodule(name, module)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=packed)
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    if set(missing) - tied or unexpected:
-        what = sorted(set(missing) - tied) or sorted(unexpected)
-        raise ConfigError(f"model.path: the checkpoint at {where} does not fit its model "
-                          f"({'missing' if set(missing) - tied else 'unexpected'} {what[0]})")
+    if zero3:
+        writer.finish(state)
+    else:
+        _assign(model, checkpoint, state, where, packed, tied)
     model.tie_weights()
     model.specft_checkpoint = checkpoint
     log.info("target: %s checkpoint at %s (%s)", checkpoint.family, where, checkpoint.summary)
     return model
+
+
+def _assign(model, checkpoint, state: dict, where: str, packed: bool, tied: set[str]) -> None:
+    """The dense (or packed) state made by the family put into the one-rank model."""
+    from specft.quantized_checkpoints.experts import fuse_expert_weights
+
+    fuse_expert_weights(model, state)
+    for name, module in checkpoint.packed_layers.items():
+        model.set_submodule(name, module)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=packed)
+    if set(missing) - tied or unexpected:
+        what = sorted(set(missing) - tied) or sorted(unexpected)
+        raise ConfigError(f"model.path: the checkpoint at {where} does not fit its model "
+                          f"({'missing' if set(missing) - tied else 'unexpected'} {what[0]})")
+
+
+def check_checkpoint_placement(family: str, sharding: str, packed: bool, experts: int = 0) -> None:
+    """One line for a way of holding a checkpoint's weights that specft cannot run yet."""
+    from specft.quantized_checkpoints import CHECKPOINT_FORMATS
+
+    fills = [n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).packs]
+    if sharding not in ("none", "zero3"):
+        raise ConfigError(CHECKPOINT_SHARDING)
+    if sharding == "zero3" and packed:
+        raise ConfigError("model.checkpoint_weights=packed: with cache.sharding=zero3 each rank holds its partition of "
+                          "the dense weights; packed weights load on one rank for now (cache.sharding=none)")
+    if sharding == "zero3" and family not in fills:
+        raise ConfigError(f"cache.sharding=zero3: {family} checkpoints load whole on one rank for now "
+                          f"(cache.sharding=none); partitioned as they load: {', '.join(fills)}")
+    if packed and experts:
+        raise ConfigError(f"model.checkpoint_weights=packed: Mixture-of-Experts checkpoints ({experts} experts) load "
+                          "dense only for now")
+    if packed and family not in fills:
+        raise ConfigError(f"model.checkpoint_weights=packed: {family} checkpoints load dense only for now; "
+                          f"packed: {', '.join(fills)}")
 
 
 def _contiguous_input(module, args):

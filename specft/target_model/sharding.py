@@ -101,15 +101,19 @@ def _device_map(cfg: RootConfig, rank: int, world: int) -> PlacedTarget:
     return PlacedTarget(model)
 
 
-def zero3_config() -> dict:
+def zero3_config(dtype: str = "float32") -> dict:
+    """The DeepSpeed config of a ZeRO-3 target in ``dtype`` (a model.dtype name)."""
     # Persistence threshold 0: every parameter is partitioned, however small (the default
     # keeps small ones whole on every rank, which hides the memory split in tests).
+    # zero.Init casts every parameter to the config's precision, float32 unless bf16 or
+    # fp16 is enabled: a bfloat16 target would otherwise run (and be held) in float32.
     return {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "bf16": {"enabled": dtype == "bfloat16"}, "fp16": {"enabled": dtype == "float16"},
             "train_micro_batch_size_per_gpu": 1}
 
 
 @contextmanager
-def _zero3_edit(param: nn.Parameter):
+def zero3_edit(param: nn.Parameter):
     import deepspeed
 
     with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
@@ -121,14 +125,16 @@ def _zero3(cfg: RootConfig, rank: int, world: int) -> PlacedTarget:
     import deepspeed
     from transformers.integrations import HfDeepSpeedConfig
 
-    ds_config = zero3_config()
+    from specft.device import resolve_dtype
+
+    ds_config = zero3_config(resolve_dtype(cfg.model.dtype))
     # transformers reads ZeRO-3 from this object while it is alive: the model is built
     # under zero.Init and each checkpoint file is loaded into the partitions.
     marker = HfDeepSpeedConfig(ds_config)
     model, _ = _from_pretrained(cfg)
     engine = deepspeed.initialize(model=model, config=ds_config)[0]
     engine.module.eval()
-    return PlacedTarget(engine.module, rank, world, lockstep=Lockstep(world > 1), weight_editor=_zero3_edit,
+    return PlacedTarget(engine.module, rank, world, lockstep=Lockstep(world > 1), weight_editor=zero3_edit,
                         engine=(engine, marker))
 
 
@@ -174,4 +180,4 @@ def editing(placed: PlacedTarget | None):
     return placed.weight_editor if placed is not None and placed.weight_editor else plain_weights
 
 
-__all__ = ["SHARDINGS", "Lockstep", "PlacedTarget", "editing", "place_target", "zero3_config"]
+__all__ = ["SHARDINGS", "Lockstep", "PlacedTarget", "editing", "place_target", "zero3_config", "zero3_edit"]
