@@ -1,12 +1,16 @@
 """Peak memory of a quantized checkpoint target, packed against dense
-(model.checkpoint_weights), with the forward's speed, side by side on one machine.
+(model.checkpoint_weights) on one rank, and dense in ZeRO-3 partitions over two ranks
+(cache.sharding=zero3), with the forward's speed, side by side on one machine.
 
-Each (checkpoint, mode) runs in a fresh process, one after the other: it loads the target
+Each (checkpoint, mode) runs in fresh processes, one after the other: it loads the target
 as stage 1 does (model=hf model.path=DIR quant=checkpoint), then runs --forwards forward
-passes over a batch of --tokens random tokens. It reports the process's peak RSS after the
-load and after the forwards (ru_maxrss, so the load's transient peak counts), the bytes
-the model's tensors hold, the load time and the forward's median time; the last forward's
-logits are compared between modes (they must be equal, bit for bit).
+passes over a batch of --tokens random tokens. It reports the peak RSS per rank after the
+load and after the forwards (ru_maxrss, so the load's transient peak counts; the larger
+rank's under zero3), the bytes the rank's tensors hold, the load time and the forward's
+median time; the last forward's logits are compared with the dense ones (they must be
+equal, bit for bit). Every process runs one torch thread (the two zero3 ranks share the
+two cores of the machine this was written on), so the logits can be equal and the
+forward times compare.
 
     python scripts/bench_checkpoint_memory.py /work/ckpts/smollm2_gptq_g64_actorder \\
         --out docs/results/checkpoints/memory
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -26,25 +31,65 @@ from pathlib import Path
 
 import torch
 
-MODES = ("dense", "packed")
+from specft.launch import free_port
+
+MODES = ("dense", "packed", "zero3")
 
 
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def _zero3_model(model_dir: Path, dtype: str):
+    """(model, bytes this rank holds): the target placed as stage 1 places it under
+    cache.sharding=zero3, on this rank of the torch.distributed.run group."""
+    import deepspeed
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from specft.cli import compose
+    from specft.quant import apply_quant
+    from specft.target_model.sharding import editing, place_target
+    from specft.validate import to_schema
+
+    deepspeed.init_distributed("gloo")
+    cfg = compose(["model=hf", f"model.path={model_dir}", "quant=checkpoint", f"model.dtype={dtype}",
+                   "cache.sharding=zero3", "trainer.nproc=2"])
+    OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
+    root = to_schema(cfg)
+    placed = place_target(root, dist.get_rank(), dist.get_world_size())
+    apply_quant(placed.model, root.quant, editing(placed))
+    held = placed.local_weight_bytes() + sum(b.numel() * b.element_size() for b in placed.model.buffers())
+    return placed.model.eval(), held
+
+
+def _ranks_peak_mb(value: float) -> float:
+    """The largest rank's figure (this process's when not distributed)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return value
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, value)
+    return max(every)
+
+
 def measure(model_dir: Path, mode: str, tokens: int, forwards: int, dtype: str, logits_out: Path) -> dict:
-    """One process's figures (run with --child)."""
+    """One process's figures (run with --child; under zero3 every rank runs it, rank 0
+    reports)."""
     from check_checkpoints import specft_model
 
     ids = torch.randint(0, 2**31 - 1, (1, tokens), generator=torch.Generator().manual_seed(0))
     base_mb = _peak_mb()
     t0 = time.perf_counter()
-    model, _ = specft_model(model_dir, "checkpoint", f"model.dtype={dtype}", f"model.checkpoint_weights={mode}",
-                            "eval.dtype=float32")
+    if mode == "zero3":
+        model, held = _zero3_model(model_dir, dtype)
+    else:
+        model, _ = specft_model(model_dir, "checkpoint", f"model.dtype={dtype}", f"model.checkpoint_weights={mode}",
+                                "eval.dtype=float32")
+        held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     load_s = time.perf_counter() - t0
-    held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    load_mb = _peak_mb()
+    load_mb = _ranks_peak_mb(_peak_mb())
     ids = ids % model.config.vocab_size  # drawn before the load: a dense load's init draws from torch's RNG
     times = []
     with torch.no_grad():
@@ -54,7 +99,8 @@ def measure(model_dir: Path, mode: str, tokens: int, forwards: int, dtype: str, 
             times.append(time.perf_counter() - t0)
     torch.save(logits, logits_out)
     return {"checkpoint": model_dir.name, "mode": mode, "dtype": dtype, "tensors_mb": held / 2**20,
-            "peak_rss_mb_before_load": base_mb, "peak_rss_mb_after_load": load_mb, "peak_rss_mb": _peak_mb(),
+            "threads": torch.get_num_threads(), "peak_rss_mb_before_load": _ranks_peak_mb(base_mb),
+            "peak_rss_mb_after_load": load_mb, "peak_rss_mb": _ranks_peak_mb(_peak_mb()),
             "load_s": load_s, "forward_s_median": statistics.median(times), "forwards": forwards, "tokens": tokens}
 
 
@@ -69,26 +115,33 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         mode, logits = args.child
-        print(json.dumps(measure(args.checkpoints[0], mode, args.tokens, args.forwards, args.dtype, Path(logits))))
+        row = measure(args.checkpoints[0], mode, args.tokens, args.forwards, args.dtype, Path(logits))
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("ROW " + json.dumps(row))
         return
     rows, scratch = [], Path(args.out or ".") / ".logits"
     scratch.mkdir(parents=True, exist_ok=True)
     for ckpt in args.checkpoints:
         for mode in MODES:
-            cmd = [sys.executable, __file__, str(ckpt), "--tokens", str(args.tokens), "--forwards", str(args.forwards),
+            launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                      "--master_port", str(free_port())] if mode == "zero3" else [sys.executable]
+            cmd = [*launch, __file__, str(ckpt), "--tokens", str(args.tokens), "--forwards", str(args.forwards),
                    "--dtype", args.dtype, "--child", mode, str(scratch / f"{ckpt.name}-{mode}.pt")]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            rows.append(json.loads(out.strip().splitlines()[-1]))
-        a, b = (torch.load(scratch / f"{ckpt.name}-{m}.pt") for m in MODES)
-        rows[-1]["logits_equal_to_dense"] = bool(torch.equal(a, b))
-    lines = ["| checkpoint | mode | tensors MB | peak RSS after load MB | peak RSS MB | load s | forward s (median) "
-             "| logits = dense |", "|---|---|---|---|---|---|---|---|"]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+            rows.append(json.loads(next(line[4:] for line in out.splitlines() if line.startswith("ROW "))))
+            logits = {m: torch.load(scratch / f"{ckpt.name}-{m}.pt") for m in ("dense", mode)}
+            rows[-1]["logits_equal_to_dense"] = bool(torch.equal(logits["dense"], logits[mode]))
+    lines = ["| checkpoint | mode | ranks x threads | tensors MB per rank | peak RSS after load MB per rank "
+             "| peak RSS MB per rank | load s | forward s (median) | logits = dense |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['checkpoint']} | {r['mode']} | {r['tensors_mb']:.0f} | {r['peak_rss_mb_after_load']:.0f} | "
-                     f"{r['peak_rss_mb']:.0f} | {r['load_s']:.1f} | {r['forward_s_median']:.3f} | "
-                     f"{r.get('logits_equal_to_dense', '-')} |")
+        ranks = 2 if r["mode"] == "zero3" else 1
+        lines.append(f"| {r['checkpoint']} | {r['mode']} | {ranks} x {r['threads']} | {r['tensors_mb']:.0f} | "
+                     f"{r['peak_rss_mb_after_load']:.0f} | {r['peak_rss_mb']:.0f} | {r['load_s']:.1f} | "
+                     f"{r['forward_s_median']:.3f} | {r['logits_equal_to_dense']} |")
     machine = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-               "threads": torch.get_num_threads(), "dtype": args.dtype, "tokens": args.tokens}
+               "threads_per_process": 1, "dtype": args.dtype, "tokens": args.tokens}
     table = "\n".join(lines)
     print(table)
     print(machine)
