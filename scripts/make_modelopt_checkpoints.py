@@ -25,7 +25,19 @@ from pathlib import Path
 import torch
 from oracle_outputs import oracle_outputs
 
-CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
+# algorithm -> ModelOpt configs whose quantizer lists are joined (later entries win)
+CONFIGS = {"fp8": ["FP8_DEFAULT_CFG"], "nvfp4": ["NVFP4_DEFAULT_CFG"],
+           "fp8_kv": ["FP8_DEFAULT_CFG", "FP8_KV_CFG"], "nvfp4_kv": ["NVFP4_DEFAULT_CFG", "FP8_KV_CFG"]}
+
+
+def joined_config(mtq, names: list[str]) -> dict:
+    """One quantize config from several: the first's settings, every quantizer list in order."""
+    import copy
+
+    cfg = copy.deepcopy(getattr(mtq, names[0]))
+    for name in names[1:]:
+        cfg["quant_cfg"] = list(cfg["quant_cfg"]) + list(getattr(mtq, name)["quant_cfg"])
+    return cfg
 
 
 def nvfp4_dequantized(target: Path) -> dict:
@@ -65,18 +77,18 @@ def make(model_dir: Path, out: Path, algo: str) -> dict:
             m(calib)
 
     t0 = time.perf_counter()
-    model = mtq.quantize(model, getattr(mtq, CONFIGS[algo]), forward_loop)
+    model = mtq.quantize(model, joined_config(mtq, CONFIGS[algo]), forward_loop)
     seconds = time.perf_counter() - t0
     # NVFP4's quantized forward needs CUDA ("amax must be a CUDA tensor for dynamic block
     # quantization"): its oracle is ModelOpt's own dequantization of the exported weights
-    oracle = oracle_outputs(model, tokenizer) if algo != "nvfp4" else None
+    oracle = oracle_outputs(model, tokenizer) if not algo.startswith("nvfp4") else None
     target = out / algo
     export_hf_checkpoint(model, export_dir=target)
     tokenizer.save_pretrained(target)
     if oracle is None:
         oracle = nvfp4_dequantized(target)
     save_file(oracle, str(target / "oracle.safetensors"))
-    return {"algo": algo, "config": CONFIGS[algo], "seconds": round(seconds, 1),
+    return {"algo": algo, "config": " + ".join(CONFIGS[algo]), "seconds": round(seconds, 1),
             "hf_quant_config": json.loads((target / "hf_quant_config.json").read_text())}
 
 
@@ -90,12 +102,17 @@ def main() -> None:
     unknown = [a for a in algos if a not in CONFIGS]
     if unknown:
         raise SystemExit(f"error: --algos: unknown {unknown[0]!r}; allowed: {', '.join(CONFIGS)}")
-    made = {"tool": {"nvidia-modelopt": version("nvidia-modelopt"), "torch": version("torch"),
-                     "transformers": version("transformers")}, "model": str(args.model), "checkpoints": []}
+    tools = {"nvidia-modelopt": version("nvidia-modelopt"), "torch": version("torch"),
+             "transformers": version("transformers")}
+    # checkpoints made in earlier runs stay listed (each with the tools that made it)
+    record = args.out / "made.json"
+    made = json.loads(record.read_text()) if record.is_file() else {"tool": tools, "model": str(args.model),
+                                                                    "checkpoints": []}
     for algo in algos:
-        made["checkpoints"].append(make(args.model, args.out, algo))
-        print(f"{algo}: {made['checkpoints'][-1]['seconds']} s -> {args.out / algo}")
-    (args.out / "made.json").write_text(json.dumps(made, indent=2))
+        entry = {**make(args.model, args.out, algo), "tools": tools}
+        made["checkpoints"] = [c for c in made["checkpoints"] if c["algo"] != algo] + [entry]
+        print(f"{algo}: {entry['seconds']} s -> {args.out / algo}")
+    record.write_text(json.dumps(made, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from helpers import checkpoint_model, max_rel, root_cfg
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_modelopt" / "fp8"
 NVFP4 = FIXTURE.parent / "nvfp4"
+FP8_KV, NVFP4_KV = FIXTURE.parent / "fp8_kv", FIXTURE.parent / "nvfp4_kv"
 
 
 def test_the_fixture_was_made_by_modelopt():
@@ -32,9 +33,13 @@ def test_the_fixture_was_made_by_modelopt():
     assert json.loads((FIXTURE / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == "FP8"
 
 
-def test_hidden_states_logits_and_greedy_tokens_match_modelopts_model():
-    oracle = load_file(str(FIXTURE / "oracle.safetensors"))
-    model, tokenizer, report = checkpoint_model(FIXTURE)
+@pytest.mark.parametrize("fixture", [FIXTURE, FP8_KV], ids=["fp8", "fp8_kv"])
+def test_hidden_states_logits_and_greedy_tokens_match_modelopts_model(fixture):
+    """fp8_kv: ModelOpt's FP8 plus its FP8 KV cache (k/v_bmm_quantizers in the oracle's
+    attention, k_scale / v_scale in the export); greedy decoding reads keys back from
+    the cache, so the cached path is checked too."""
+    oracle = load_file(str(fixture / "oracle.safetensors"))
+    model, tokenizer, report = checkpoint_model(fixture)
     assert report.checkpoint["family"] == "modelopt" and len(report.checkpoint["layers"]) == 56
     with torch.no_grad():
         out = model(oracle["input_ids"], output_hidden_states=True)
@@ -44,6 +49,33 @@ def test_hidden_states_logits_and_greedy_tokens_match_modelopts_model():
         assert max_rel(h, oracle[f"hidden.{i}"]) < 1e-6, i
     assert max_rel(out.logits[:, -oracle["logits"].shape[1]:], oracle["logits"]) < 1e-6
     assert torch.equal(greedy, oracle["greedy"])
+
+
+def test_without_the_kv_cache_quantization_it_would_not_match():
+    oracle = load_file(str(FP8_KV / "oracle.safetensors"))
+    model, _, report = checkpoint_model(FP8_KV)
+    assert report.checkpoint["attention"] == ["fp8 kv cache: per-layer static k_scale / v_scale"]
+    model.specft_attention_transforms.clear()
+    with torch.no_grad():
+        out = model(oracle["input_ids"], output_hidden_states=True)
+    assert max_rel(out.hidden_states[-1], oracle[f"hidden.{len(out.hidden_states) - 2}"]) > 1e-4
+
+
+def test_nvfp4_with_an_fp8_kv_cache_reads_each_layers_scales():
+    """NVFP4's forward has no CPU oracle; its KV cache is the FP8 one checked above, here
+    with each layer's own scales from the export."""
+    oracle = load_file(str(NVFP4_KV / "oracle.safetensors"))
+    model, _, report = checkpoint_model(NVFP4_KV)
+    assert report.checkpoint["summary"].endswith("fp8 kv cache")
+    state = model.state_dict()
+    assert all(torch.equal(state[f"{k[len('dequantized.'):]}.weight"], v) for k, v in oracle.items())
+    (kv,) = model.specft_checkpoint.attention
+    stored = load_file(str(NVFP4_KV / "model.safetensors"))
+    for i in range(len(model.model.layers)):
+        quant_k, quant_v = kv.quantizers[i]
+        assert quant_k.scale == stored[f"model.layers.{i}.self_attn.k_proj.k_scale"]
+        assert quant_v.scale == stored[f"model.layers.{i}.self_attn.v_proj.v_scale"]
+    assert len({float(kv.quantizers[i][0].scale) for i in kv.quantizers}) > 1  # per layer, not one
 
 
 def test_without_the_input_quantization_it_would_not_match():
@@ -71,13 +103,25 @@ def test_another_algorithm_is_named(tmp_path):
         open_checkpoint(other)
 
 
-def test_a_kv_cache_scheme_is_refused(tmp_path):
+def test_another_kv_cache_scheme_is_refused(tmp_path):
     other = _copy(tmp_path)
     config = json.loads((other / "hf_quant_config.json").read_text())
-    config["quantization"]["kv_cache_quant_algo"] = "FP8"
+    config["quantization"]["kv_cache_quant_algo"] = "NVFP4"
     (other / "hf_quant_config.json").write_text(json.dumps(config))
-    with pytest.raises(SpecftError, match=r"quantizes the KV cache \(FP8\)"):
+    with pytest.raises(SpecftError, match="quantizes the KV cache as NVFP4, which specft cannot run from a checkpoint "
+                                          "yet; supported: FP8"):
         open_checkpoint(other)
+
+
+def test_a_missing_kv_scale_is_named(tmp_path):
+    from specft.target_model import load_target
+
+    broken = Path(shutil.copytree(FP8_KV, tmp_path / "fp8_kv"))
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.3.self_attn.v_proj.v_scale"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(SpecftError, match="model.layers.3.self_attn.v_proj.v_scale is missing"):
+        load_target(root_cfg("model=hf", f"model.path={broken}", "quant=checkpoint").model)
 
 
 def test_a_missing_input_scale_is_named(tmp_path):

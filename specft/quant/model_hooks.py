@@ -28,7 +28,9 @@ def untie_lm_head(model: nn.Module) -> None:
 def install_attention_transform(model: nn.Module, transform) -> None:
     """Run ``transform(query, key, value) -> (query, key, value)`` on every attention call,
     after RoPE and before attention reads them (keys as serving engines store them).
-    Transforms run in the order installed (a rotation before the KV cache's quantizer)."""
+    Transforms run in the order installed (a rotation before the KV cache's quantizer).
+    A transform whose ``takes_module`` is true also gets the attention module (a
+    checkpoint's per-layer KV scales look up its ``layer_idx``)."""
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -42,7 +44,8 @@ def install_attention_transform(model: nn.Module, transform) -> None:
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         for step in chain:
-            query, key, value = step(query, key, value)
+            query, key, value = (step(query, key, value, module) if getattr(step, "takes_module", False)
+                                 else step(query, key, value))
         if base is None:
             from transformers.models.llama.modeling_llama import eager_attention_forward
 
@@ -60,10 +63,16 @@ def install_attention_transform(model: nn.Module, transform) -> None:
     model.set_attn_implementation(name)
 
 
+def full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    """A parameter's whole shape; ZeRO-3 leaves an empty placeholder in .data and keeps
+    the real shape as ds_shape."""
+    return tuple(getattr(param, "ds_shape", param.shape))
+
+
 def fused_experts(model: nn.Module) -> dict[str, nn.Module]:
     """name -> every module holding a layer's experts as 3-D gate_up_proj / down_proj."""
     return {name: m for name, m in model.named_modules()
-            if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3}
+            if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and len(full_shape(m.gate_up_proj)) == 3}
 
 
 def experts_forward(quant_in, quant_mid):

@@ -15,8 +15,13 @@ Supported here, as vLLM's ModelOpt methods serve them:
   calibrated scale to its FP4 quantizer): compressed-tensors' NVFP4 input arithmetic,
   which specft runs bit-equal to that library (compressed_tensors.InputQuantizer).
 
-Modules in ``exclude_modules`` stay as stored. Other algorithms (INT4 AWQ, W4A8) and
-KV-cache quantization are refused in one line naming them.
+With ``kv_cache_quant_algo: FP8`` the keys (after RoPE) and values every attention reads
+are rounded as vLLM's FP8 KV cache stores them: per layer, the calibrated ``k_proj.k_scale``
+and ``v_proj.v_scale`` (amax / 448) as static per-tensor FP8 scales, the input arithmetic
+above; ModelOpt's own fake-quant forward (its k/v_bmm_quantizers) is the oracle.
+
+Modules in ``exclude_modules`` stay as stored. Other algorithms (INT4 AWQ, W4A8) and other
+KV-cache schemes are refused in one line naming them.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from specft.quantized_checkpoints.compressed_tensors import CTArgs, InputQuantiz
 
 CONFIG_FILE = "hf_quant_config.json"
 SUPPORTED_ALGOS = ("FP8", "NVFP4")
+SUPPORTED_KV_ALGOS = ("FP8",)
 NVFP4_ELEMENTS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "dynamic": True}
 FP8_MAX = 448.0
 QUANT_TENSORS = ("weight_scale", "input_scale", "weight_scale_2", "k_scale", "v_scale")
@@ -66,6 +72,35 @@ class StaticFp8Input:
         return (codes.to(torch.float32) * self.scale).to(x.dtype)
 
 
+class Fp8KvCache:
+    """Keys and values rounded to FP8 with their layer's calibrated scales, as an FP8 KV
+    cache stores them (an attention step: quant.model_hooks.install_attention_transform).
+    Static scales make it idempotent, so keys read back from a cache round to themselves."""
+
+    takes_module = True
+    description = "fp8 kv cache: per-layer static k_scale / v_scale"
+
+    def __init__(self, scales: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+        self.quantizers = {layer: (StaticFp8Input(k), StaticFp8Input(v)) for layer, (k, v) in scales.items()}
+
+    def __call__(self, query, key, value, module):
+        quant_k, quant_v = self.quantizers[module.layer_idx]
+        return query, quant_k(key), quant_v(value)
+
+
+def _kv_cache(raw, model: nn.Module) -> Fp8KvCache:
+    """Each attention layer's k_scale and v_scale (ModelOpt writes them under k_proj /
+    v_proj; under the attention module itself in some exports)."""
+    scales = {}
+    for name, module in model.named_modules():
+        if not hasattr(module, "layer_idx") or not isinstance(getattr(module, "k_proj", None), nn.Module):
+            continue
+        found = [next((k for k in (f"{name}.{proj}.{s}", f"{name}.{s}") if k in raw), f"{name}.{proj}.{s}")
+                 for proj, s in (("k_proj", "k_scale"), ("v_proj", "v_scale"))]
+        scales[module.layer_idx] = tuple(_tensor_scale(raw, key) for key in found)
+    return Fp8KvCache(scales)
+
+
 class ModelOpt(FormatFamily):
     name = "modelopt"
     packs = True
@@ -80,9 +115,11 @@ class ModelOpt(FormatFamily):
         if algo not in SUPPORTED_ALGOS:
             raise SpecftError(f"quant=checkpoint: ModelOpt quant_algo {algo} is not supported yet; supported: "
                               f"{', '.join(SUPPORTED_ALGOS)} (docs/checkpoints.md)")
-        if quant.get("kv_cache_quant_algo"):
-            raise SpecftError(f"quant=checkpoint: this ModelOpt checkpoint quantizes the KV cache "
-                              f"({quant['kv_cache_quant_algo']}), which specft cannot run from a checkpoint yet")
+        kv_algo = quant.get("kv_cache_quant_algo")
+        if kv_algo and kv_algo not in SUPPORTED_KV_ALGOS:
+            raise SpecftError(f"quant=checkpoint: this ModelOpt checkpoint quantizes the KV cache as {kv_algo}, "
+                              f"which specft cannot run from a checkpoint yet; supported: "
+                              f"{', '.join(SUPPORTED_KV_ALGOS)}")
         if algo == "NVFP4":
             group = int(quant.get("group_size") or 16)
             if group != 16:
@@ -91,9 +128,17 @@ class ModelOpt(FormatFamily):
             summary = "NVFP4: fp4 group 16 weights (fp8 group scales, fp32 tensor scale), fp4 group 16 dynamic inputs"
         else:
             summary = f"{algo}: fp8 tensor weights, fp8 tensor static inputs"
+        summary += ", fp8 kv cache" if kv_algo else ""
         ckpt = CheckpointQuant(self.name, model_dir, summary, list(quant.get("exclude_modules") or []))
         load = self._load_nvfp4 if algo == "NVFP4" else self._load_state
-        ckpt.load_state = lambda model, dtype: load(ckpt, model, dtype)
+
+        def load_state(model, dtype):
+            state = load(ckpt, model, dtype)
+            if kv_algo:
+                ckpt.attention.append(_kv_cache(read_tensors(model_dir, "model*.safetensors"), model))
+            return state
+
+        ckpt.load_state = load_state
         return ckpt
 
     def stored_bits(self, qcfg: dict, in_features: float) -> float | None:
