@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -102,6 +103,30 @@ def need(tensors: dict[str, torch.Tensor], key: str, where: str = "") -> torch.T
     return tensors[key]
 
 
+def release_freed_memory() -> None:
+    """Hands freed heap memory back to the OS (glibc's malloc_trim; a no-op elsewhere).
+    A packed load keeps each layer's small stored tensors and frees the dense weight it
+    made to check them: glibc, whose mmap threshold has grown past a layer's size, puts
+    those dense weights on the heap between the kept tensors, and without a trim the
+    process keeps every freed one (SmolLM2 GPTQ, bfloat16: 1.3 GB resident instead of
+    0.55 GB)."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
 class PackedLinear(nn.Module):
     """A quantized Linear kept as the checkpoint stores it (``model.checkpoint_weights=
     packed``): its stored tensors (codes, scales, zero points) as buffers, the dense weight
@@ -186,6 +211,7 @@ class CheckpointQuant:
             state[f"{name}.weight"] = dequantize(stored).to(dtype)
             return
         dequantize(stored)  # a bad shape or index is refused at load, not at the first forward
+        release_freed_memory()
         state.pop(f"{name}.weight", None)  # stored codes some families passed through (int8 "weight")
         bias = state.pop(f"{name}.bias", None)
         self.packed_layers[name] = PackedLinear(module.in_features, module.out_features, stored, dequantize, dtype,

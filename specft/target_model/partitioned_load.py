@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from specft.errors import ConfigError
+from specft.quantized_checkpoints.base import release_freed_memory
 from specft.quantized_checkpoints.experts import ExpertPieces
 
 
@@ -48,6 +49,7 @@ class PartitionWriter:
                                   f"model's is {list(full.shape)}")
             full.copy_(tensor)
         self.written.add(key)
+        release_freed_memory()  # the gathered copy just freed, between kept partitions
 
     def finish(self, state: dict[str, torch.Tensor]) -> None:
         """The tensors the family left in ``state`` (16-bit ones: norms, embeddings), then
