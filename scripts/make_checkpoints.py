@@ -40,7 +40,7 @@ def _recipes():
     from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
     from llmcompressor.modifiers.transform import SpinQuantModifier
 
-    ignore = ["lm_head"]
+    ignore = ["lm_head", "re:.*mlp.gate$"]  # the head, and a Mixture-of-Experts router
     int8_token = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}
     int8_tensor_static = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor", "dynamic": False}
     int8_channel = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
@@ -115,7 +115,7 @@ def _calibration(tokenizer, path: Path | None, n: int, max_len: int):
     return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids]})
 
 
-def make(model_dir: Path, out: Path, scheme: str, calib, recipes) -> dict:
+def make(model_dir: Path, out: Path, scheme: str, calib, recipes, with_oracle: bool = False) -> dict:
     import torch
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -129,9 +129,11 @@ def make(model_dir: Path, out: Path, scheme: str, calib, recipes) -> dict:
     seconds = time.perf_counter() - t0
     target = out / scheme
     oracle = None
-    if any(n.endswith("_input") for n, _ in model.named_modules()):
+    if with_oracle or any(n.endswith("_input") for n, _ in model.named_modules()):
         # Run-time transforms: transformers' loader drops them (it reports their matrices as
         # unexpected keys), so the oracle is this in-memory model, before it is compressed.
+        # --oracle: the same for any scheme (a Mixture-of-Experts model, whose experts
+        # llm-compressor linearized, which transformers' loader would fuse again).
         from oracle_outputs import oracle_outputs
         from safetensors.torch import save_file
 
@@ -160,6 +162,8 @@ def main() -> None:
                         default=Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl")
     parser.add_argument("--calib-samples", type=int, default=16)
     parser.add_argument("--max-len", type=int, default=256)
+    parser.add_argument("--oracle", action="store_true",
+                        help="write every scheme's oracle.safetensors (the in-memory quantized model's outputs)")
     args = parser.parse_args()
     schemes = [s for s in args.schemes.split(",") if s]
     unknown = [s for s in schemes if s not in recipes]
@@ -171,7 +175,7 @@ def main() -> None:
                      "transformers": transformers.__version__, "torch": torch.__version__},
             "model": str(args.model), "calibration": str(args.calib_jsonl), "checkpoints": []}
     for scheme in schemes:
-        made["checkpoints"].append(make(args.model, args.out, scheme, calib, recipes))
+        made["checkpoints"].append(make(args.model, args.out, scheme, calib, recipes, args.oracle))
         print(f"{scheme}: {made['checkpoints'][-1]['seconds']} s -> {args.out / scheme}")
     (args.out / "made.json").write_text(json.dumps(made, indent=2))
 

@@ -173,17 +173,26 @@ def test_an_expert_missing_from_a_layer_is_named(tmp_path):
         checkpoint_model(broken, *FP16)
 
 
-def test_quantized_expert_inputs_are_refused():
+def test_expert_inputs_quantized_with_static_or_differing_scales_are_refused():
     from specft.quantized_checkpoints.base import LayerQuant
-    from specft.quantized_checkpoints.experts import check_weight_only
+    from specft.quantized_checkpoints.experts import expert_input_quantizers
+    from specft.quantized_checkpoints.hf_fp8 import TokenGroupFp8Input
+    from specft.quantized_checkpoints.modelopt import StaticFp8Input
 
-    layers = {"m.experts.0.gate_proj": LayerQuant("m.experts.0.gate_proj", "fp8 block", "fp8 token group 128 dynamic",
-                                                  quantize_input=lambda x: x),
-              "m.experts.0.down_proj": LayerQuant("m.experts.0.down_proj", "fp8 block", None)}
-    check_weight_only("n.experts", layers)  # another layer's experts: nothing to refuse
-    with pytest.raises(SpecftError, match=r"m.experts.0.gate_proj quantizes the expert's input \(fp8 token group 128 "
-                                          r"dynamic\), which specft cannot run in fused experts yet"):
-        check_weight_only("m.experts", layers)
+    def layer(name, quantizer):
+        return name, LayerQuant(name, "fp8", None if quantizer is None else "fp8 input", quantize_input=quantizer)
+
+    dynamic = TokenGroupFp8Input(128)
+    shared = dict(layer(f"m.experts.{e}.{p}", dynamic) for e in range(2) for p in ("gate_proj", "up_proj", "down_proj"))
+    assert expert_input_quantizers("m.experts", shared) == (dynamic, dynamic)
+    assert expert_input_quantizers("n.experts", shared) is None  # another layer's experts
+    static = dict(shared, **dict([layer("m.experts.1.up_proj", StaticFp8Input(torch.tensor(0.1)))]))
+    with pytest.raises(SpecftError, match=r"m.experts.1.up_proj quantizes the expert's input \(fp8 input\) "
+                                          r"differently from its layer's other experts or with a static scale"):
+        expert_input_quantizers("m.experts", static)
+    partly = dict(shared, **dict([layer("m.experts.0.down_proj", None)]))
+    with pytest.raises(SpecftError, match=r"m.experts.0.down_proj quantizes the expert's input \(16-bit\)"):
+        expert_input_quantizers("m.experts", partly)
 
 
 def test_packed_weights_of_a_mixture_of_experts_checkpoint_are_refused():

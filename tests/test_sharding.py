@@ -69,6 +69,7 @@ def test_sharded_cache_equals_the_one_rank_cache(tmp_path, monkeypatch, model, q
     "tiny_qwen3_gptq_awq/gptq_moe",  # GPTQModel, MoE: experts fused one layer at a time
     "tiny_qwen3_hf_fp8",  # FP8 blocks, FP8 inputs in groups of 128
     "tiny_qwen3/nvfp4",  # compressed-tensors NVFP4, FP4 inputs
+    "tiny_qwen3_moe_hf_fp8",  # FP8 MoE: every expert's inputs quantized in the fused loop
 ])
 def test_a_checkpoint_under_zero3_caches_what_one_rank_caches_bit_for_bit(tmp_path, monkeypatch, checkpoint):
     """A quantized checkpoint written into ZeRO-3 partitions as it is dequantized

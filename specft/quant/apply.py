@@ -246,18 +246,23 @@ def apply_checkpoint_quant(model: nn.Module) -> QuantReport:
         if layer.forward is not None:
             module.forward = layer.forward
         report.layers.append(LayerReport(name, "linear"))
-    _report_experts(model, ckpt, report)
+    _install_experts(model, ckpt, report)
     for transform in ckpt.attention:
         install_attention_transform(model, transform)
     return report
 
 
-def _report_experts(model: nn.Module, ckpt, report: QuantReport) -> None:
+def _install_experts(model: nn.Module, ckpt, report: QuantReport) -> None:
     """A Mixture-of-Experts checkpoint's per-expert layers, fused by the loader: weight-only
-    (the loader refuses quantized expert inputs), so nothing runs at run time; reported."""
-    for name in fused_experts(model):
-        if any(n.startswith(name + ".") for n in ckpt.layers):
-            report.layers.append(LayerReport(name, "experts"))
+    ones run as transformers runs them; dynamically quantized inputs (the same quantizers
+    for every expert) run through the quantized experts loop. Reported either way."""
+    for name, module in fused_experts(model).items():
+        if not any(n.startswith(name + ".") for n in ckpt.layers):
+            continue
+        quantizers = ckpt.experts.get(name)
+        if quantizers is not None:
+            module.forward = types.MethodType(experts_forward(*quantizers), module)
+        report.layers.append(LayerReport(name, "experts"))
 
 
 @contextmanager

@@ -198,6 +198,9 @@ class CheckpointQuant:
     # (state-dict name, dense tensor) -> None: where put_weight sends a dense weight the
     # moment it is made instead of ``state`` (a ZeRO-3 load writes it into its partition)
     sink: Callable[[str, torch.Tensor], None] | None = None
+    # fused experts module -> (gate/up input quantizer, down input quantizer), None for
+    # weight-only experts (filled by the loader; experts.expert_input_quantizers)
+    experts: dict[str, tuple | None] = field(default_factory=dict)
 
     def put_weight(self, state: dict[str, torch.Tensor], name: str, module: nn.Module,
                    stored: dict[str, torch.Tensor], dequantize: Callable[[dict[str, torch.Tensor]], torch.Tensor],

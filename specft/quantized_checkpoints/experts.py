@@ -7,8 +7,10 @@ parameters: ``gate_up_proj`` [E, 2I, H] (each expert's gate rows, then its up ro
 ``down_proj`` [E, H, I]. While a family reads the checkpoint, ``expert_views`` puts a
 stand-in Linear (on the meta device: shapes only) at every per-expert name, so the family
 dequantizes those layers like any other; ``fuse_expert_weights`` then stacks the dense
-weights into the fused parameters. Experts whose inputs the checkpoint quantizes are
-refused for now (check_weight_only): weight-only checkpoints (GPTQ, AWQ, W4A16) run.
+weights into the fused parameters. Weight-only experts (GPTQ, AWQ, W4A16) run as
+transformers runs them; experts whose inputs the checkpoint quantizes dynamically, the
+same for every expert (HF FP8 blocks, FP8 / INT8 dynamic), run through the quantized
+experts loop (expert_input_quantizers); static per-expert input scales are refused.
 """
 
 from __future__ import annotations
@@ -94,12 +96,26 @@ class ExpertPieces:
             _stack(layer, self.count[layer], dict(held))
 
 
-def check_weight_only(name: str, layers: dict) -> None:
-    """Experts whose checkpoint quantizes their inputs (FP8 W8A8, INT8, NVFP4) are refused:
-    the fused experts loop would have to run the family's input quantizers per expert, and
-    no producing tool here writes such a checkpoint to check that against."""
-    quantized = sorted(n for n, q in layers.items() if n.startswith(name + ".") and q.quantize_input is not None)
-    if quantized:
-        raise SpecftError(f"quant=checkpoint: {quantized[0]} quantizes the expert's input "
-                          f"({layers[quantized[0]].activation}), which specft cannot run in fused experts yet; weight-only Mixture-of-Experts checkpoints "
-                          "(GPTQ, AWQ, W4A16) run")
+def expert_input_quantizers(name: str, layers: dict) -> tuple | None:
+    """(gate/up input quantizer, down input quantizer) of the fused experts ``name``, None
+    for weight-only experts. Dynamic quantizers that every expert shares (the same
+    ``share_key``: FP8 per token or token group, INT8 per token) run as vLLM's fused MoE
+    runs them: the layer's input quantized once for every expert's gate and up, each
+    expert's intermediate before its down. Experts with static per-expert scales, or
+    that differ, are refused: no producing tool here writes one to check against."""
+    experts = {n: q for n, q in layers.items() if n.startswith(name + ".")}
+    if not experts or all(q.quantize_input is None for q in experts.values()):
+        return None
+    chosen = []
+    for projections in (("gate_proj", "up_proj"), ("down_proj",)):
+        group = [q for n, q in sorted(experts.items()) if n.rsplit(".", 1)[-1] in projections]
+        keys = {getattr(q.quantize_input, "share_key", None) for q in group}
+        if None in keys or len(keys) != 1:
+            what = next((q for q in group if getattr(q.quantize_input, "share_key", None) is None), group[0])
+            raise SpecftError(f"quant=checkpoint: {what.name} quantizes the expert's input "
+                              f"({what.activation or '16-bit'}) differently from its layer's other experts or with a "
+                              "static scale of its own, which specft cannot run in fused experts yet; experts with "
+                              "dynamic input quantization shared by all (FP8 per token or token group, INT8 per "
+                              "token) and weight-only experts run")
+        chosen.append(group[0].quantize_input)
+    return tuple(chosen)

@@ -174,7 +174,7 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     from specft.quant.model_hooks import fused_experts
-    from specft.quantized_checkpoints.experts import check_weight_only, expert_views
+    from specft.quantized_checkpoints.experts import expert_input_quantizers, expert_views
     from specft.target_model.partitioned_load import PartitionWriter
     from specft.target_model.sharding import zero3_edit
 
@@ -201,8 +201,8 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
         writer = checkpoint.sink = PartitionWriter(model, zero3_edit, tied)
     with expert_views(model):  # per-expert Linears where transformers fuses a layer's experts
         state = checkpoint.load_state(model, dtype)
-    for name in fused_experts(model):
-        check_weight_only(name, checkpoint.layers)
+    for name in fused_experts(model):  # refused at load, run by apply_quant
+        checkpoint.experts[name] = expert_input_quantizers(name, checkpoint.layers)
     if zero3:
         writer.finish(state)
     else:
