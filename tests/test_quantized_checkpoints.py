@@ -167,10 +167,11 @@ def test_quant_checkpoint_on_an_unquantized_model_is_refused(tmp_path):
 def test_an_unsupported_format_is_named_with_the_supported_ones(tmp_path):
     other = _copy(tmp_path)
     config = json.loads((other / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4"}  # gpt-oss's
+    config["quantization_config"] = {"quant_method": "hqq"}  # transformers' HQQ
     (other / "config.json").write_text(json.dumps(config))
     _run_unchanged(tmp_path, ["cache", "model=hf", f"model.path={other}", "quant=checkpoint"],
-                   "is a hf-mxfp4 checkpoint, which specft cannot run yet", "supported: awq, compressed-tensors, gguf, gptq, hf-fp8")
+                   "is a hqq checkpoint, which specft cannot run yet",
+                   "supported: awq, compressed-tensors, gguf, gpt-oss-mxfp4, gptq, hf-fp8")
 
 
 def test_a_missing_scale_is_named(tmp_path):

@@ -70,7 +70,7 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
 
 
 # The families register themselves on import.
-from specft.quantized_checkpoints import compressed_tensors, gguf_family, gptq, hf_fp8, modelopt, msmodelslim, others  # noqa: E402,F401,I001
+from specft.quantized_checkpoints import compressed_tensors, gguf_family, gpt_oss, gptq, hf_fp8, modelopt, msmodelslim, others  # noqa: E402,F401,I001
 
 __all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "description_patterns", "detect_family",
            "open_checkpoint", "read_config", "stored_bits", "supported"]

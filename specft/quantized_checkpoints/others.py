@@ -21,8 +21,6 @@ class ByQuantMethod(FormatFamily):
         return quant_method(model_dir) == self.method
 
 
-# quant_method -> the family's name: gpt-oss MXFP4 and
-# transformers' other loaders
-for method, name in (("mxfp4", "hf-mxfp4"), ("autoround", "autoround"), ("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"),
-                     ("quark", "quark")):
+# quant_method -> the family's name: transformers' other loaders
+for method, name in (("autoround", "autoround"), ("bitsandbytes", "bitsandbytes"), ("hqq", "hqq"), ("quark", "quark")):
     CHECKPOINT_FORMATS.register(name)(ByQuantMethod(name, method))
