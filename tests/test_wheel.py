@@ -4,6 +4,7 @@ subpackage the wheel leaves out; this does."""
 
 import os
 import pkgutil
+import site
 import subprocess
 import sys
 import venv
@@ -23,15 +24,19 @@ def _subpackages() -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel_env(tmp_path_factory):
-    """(python of a fresh venv holding only the built wheel + the system's deps, a cwd outside the repo)."""
+    """(python of a fresh venv holding only the built wheel + this interpreter's deps, a cwd outside the repo)."""
     root = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(root / "dist"), str(REPO)], check=True, capture_output=True, timeout=300)
     wheel = next((root / "dist").glob("specft-*.whl"))
-    # System site-packages give the dependencies (torch, transformers, ...) without a download;
-    # specft itself comes from the wheel, which the venv's own site-packages put first.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
+    # The dependencies (torch, transformers, ...) are this interpreter's, seen without a
+    # download through a .pth after the venv's own site-packages, where the wheel's specft
+    # comes first. Not system_site_packages: from inside the user's venv that would give
+    # the base interpreter's packages (none on a fresh machine), not the venv's.
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(root / "venv")
     python = root / "venv" / "bin" / "python"
+    (own,) = (root / "venv" / "lib").glob("python*/site-packages")
+    (own / "specft_test_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
                     str(wheel)], check=True, capture_output=True, timeout=300)
     work = root / "work"
@@ -54,6 +59,16 @@ def test_every_subpackage_imports_from_the_installed_wheel(wheel_env):
     proc = _run(python, work, "-c", code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "site-packages" in proc.stdout and str(REPO) not in proc.stdout, proc.stdout
+
+
+def test_the_wheel_runs_on_this_interpreters_dependencies(wheel_env):
+    """Run from a user's venv, the dependencies are the venv's (a fresh machine's base
+    interpreter has none), not the base interpreter's."""
+    import torch
+
+    python, work = wheel_env
+    proc = _run(python, work, "-c", "import torch; print(torch.__file__)")
+    assert proc.returncode == 0 and proc.stdout.strip() == torch.__file__, (proc.stdout, proc.stderr[-1000:])
 
 
 @pytest.mark.parametrize("command", COMMANDS)
