@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from specft.disk import is_disk_full, job_disk_full_line
 from specft.errors import ConfigError, ReportedError, SpecftError
+from specft.interrupts import watching_sigint
 from specft.logs import setup_logging
 from specft.paths import conf_dir
 
@@ -180,33 +181,46 @@ def _job_name() -> str:
 
 def _task(command: str, tally: JobTally | None = None):
     def task(hydra_cfg: DictConfig) -> None:
-        try:
-            _run_job(command, hydra_cfg)
-        except SpecftError as err:
-            # Hydra turns exceptions into tracebacks and exit 1; bad input is one line, exit 2.
-            line = str(err)
-            if not isinstance(err, ReportedError):  # a rank process printed its own line
-                print(f"error: {line}", file=sys.stderr)
-            if tally is None:
-                raise SystemExit(2) from None
-            tally.failed.append((_job_name(), line))
-            if tally.fail_fast:
-                raise SystemExit(2) from None
-            return
-        except KeyboardInterrupt:
-            resume = "" if command == "eval" else "; the same command resumes from the last checkpoint / shard"
-            print(f"interrupted: specft {command} stopped (run dir {hydra_cfg.get('run_dir')}){resume}",
-                  file=sys.stderr)
-            raise SystemExit(INTERRUPTED) from None
-        except Exception as err:
-            if not is_disk_full(err):
-                raise
-            print(f"error: {job_disk_full_line(str(hydra_cfg.get('run_dir')))}", file=sys.stderr)
-            raise SystemExit(2) from None
+        with watching_sigint() as sigint:
+            try:
+                _run_job(command, hydra_cfg)
+            except KeyboardInterrupt:
+                _interrupted(command, hydra_cfg)
+            except Exception as err:
+                if sigint.seen and not isinstance(err, SpecftError):  # a library's error for the Ctrl-C
+                    _interrupted(command, hydra_cfg)
+                _failed(hydra_cfg, err, tally)
+                return
         if tally is not None:
             tally.finished.append(_job_name())
 
     return task
+
+
+def _interrupted(command: str, hydra_cfg: DictConfig) -> None:
+    resume = "" if command == "eval" else "; the same command resumes from the last checkpoint / shard"
+    print(f"interrupted: specft {command} stopped (run dir {hydra_cfg.get('run_dir')}){resume}", file=sys.stderr)
+    raise SystemExit(INTERRUPTED) from None
+
+
+def _failed(hydra_cfg: DictConfig, err: Exception, tally: JobTally | None) -> None:
+    """A job's error: bad input (SpecftError) and a full disk are one line and exit 2
+    (a multirun goes on unless --fail-fast); anything else propagates."""
+    if isinstance(err, SpecftError):
+        # Hydra turns exceptions into tracebacks and exit 1; bad input is one line, exit 2.
+        line = str(err)
+        if not isinstance(err, ReportedError):  # a rank process printed its own line
+            print(f"error: {line}", file=sys.stderr)
+        if tally is None or tally.fail_fast:
+            if tally is not None:
+                tally.failed.append((_job_name(), line))
+            raise SystemExit(2) from None
+        tally.failed.append((_job_name(), line))
+        return
+    if not is_disk_full(err):
+        raise err
+    print(f"error: {job_disk_full_line(str(hydra_cfg.get('run_dir')))}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def _cache_locks(root, command: str, stack) -> None:

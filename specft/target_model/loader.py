@@ -175,8 +175,7 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
 
     from specft.quant.model_hooks import fused_experts
     from specft.quantized_checkpoints.experts import expert_input_quantizers, expert_views
-    from specft.target_model.partitioned_load import PartitionWriter
-    from specft.target_model.sharding import zero3_edit
+    from specft.target_model.partitioned_load import PartitionWriter, zero3_edit
 
     config = checkpoint.load_config() if checkpoint.load_config else AutoConfig.from_pretrained(where)
     if hasattr(config, "quantization_config"):

@@ -13,12 +13,23 @@ one-rank load builds, value for value.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
 from specft.errors import ConfigError
 from specft.quantized_checkpoints.base import release_freed_memory
 from specft.quantized_checkpoints.experts import ExpertPieces
+
+
+@contextmanager
+def zero3_edit(param: nn.Parameter):
+    """The full tensor of a ZeRO-3 parameter; edits on rank 0 are partitioned again."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+        yield param.data
 
 
 class PartitionWriter:

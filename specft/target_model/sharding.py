@@ -27,6 +27,7 @@ from torch import nn
 from specft.config import RootConfig
 from specft.errors import ConfigError
 from specft.registry import Registry
+from specft.target_model.partitioned_load import zero3_edit
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +113,6 @@ def zero3_config(dtype: str = "float32") -> dict:
             "train_micro_batch_size_per_gpu": 1}
 
 
-@contextmanager
-def zero3_edit(param: nn.Parameter):
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-        yield param.data
-
-
 @SHARDINGS.register("zero3")
 def _zero3(cfg: RootConfig, rank: int, world: int) -> PlacedTarget:
     import deepspeed
@@ -180,4 +173,4 @@ def editing(placed: PlacedTarget | None):
     return placed.weight_editor if placed is not None and placed.weight_editor else plain_weights
 
 
-__all__ = ["SHARDINGS", "Lockstep", "PlacedTarget", "editing", "place_target", "zero3_config", "zero3_edit"]
+__all__ = ["SHARDINGS", "Lockstep", "PlacedTarget", "editing", "place_target", "zero3_config"]
