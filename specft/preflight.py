@@ -56,7 +56,7 @@ def check_model_path(model: ModelConfig) -> None:
 def check_checkpoint_quant(root: RootConfig) -> None:
     """quant=checkpoint runs a local quantized checkpoint; an emulated format on a
     checkpoint that is already quantized would quantize it twice."""
-    from specft.quantized_checkpoints import detect_family, open_checkpoint
+    from specft.quantized_checkpoints import check_unquantized, detect_family, open_checkpoint
     from specft.target_model.loader import check_checkpoint_placement
 
     model, quant = root.model, root.quant
@@ -69,6 +69,7 @@ def check_checkpoint_quant(root: RootConfig) -> None:
                               f"path={model.path})")
         checkpoint = open_checkpoint(Path(model.path).expanduser())
         if checkpoint is None:
+            check_unquantized(Path(model.path).expanduser())  # an unknown quant_method, or a config that lost it
             raise SpecftError(f"quant=checkpoint: {model.path} is not a quantized checkpoint (its config.json has "
                               "no quantization_config); name a format to emulate instead, e.g. quant=fp8 (bf16: none)")
         check_checkpoint_placement(checkpoint.family, root.cache.sharding, model.checkpoint_weights == "packed")
@@ -77,6 +78,8 @@ def check_checkpoint_quant(root: RootConfig) -> None:
     if family is not None:
         raise SpecftError(f"quant={quant.name}: {model.path} is already quantized ({family.name}); quantizing it "
                           "again would emulate a model nobody serves; use quant=checkpoint to run it as it is served")
+    if local:
+        check_unquantized(Path(model.path).expanduser())
 
 
 def _looks_local(value: str) -> bool:

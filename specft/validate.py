@@ -317,9 +317,19 @@ def _check_online(cfg: RootConfig) -> None:
 
 
 def validate_plan(cfg: RootConfig) -> None:
-    _choice(cfg.plan.strategy, ("zero3", "tp"), "plan.strategy")
-    for n in cfg.plan.devices:
+    p = cfg.plan
+    _choice(p.strategy, ("zero3", "tp"), "plan.strategy")
+    if not p.devices:
+        raise ConfigError("plan.devices: give at least one device count, e.g. plan.devices=[8]")
+    for n in p.devices:
         _positive(n, "plan.devices")
+    _positive(p.device_memory_gb, "plan.device_memory_gb")
+    _positive(p.device_tflops, "plan.device_tflops")
+    # shares of a whole: a headroom past 1 would let a plan use memory the device lacks
+    for name in ("headroom", "mfu"):
+        value = getattr(p, name)
+        if not 0 < value <= 1:
+            raise ConfigError(f"plan.{name}: a share of the device, in (0, 1]; got {value}")
     for n in cfg.plan.samples:
         _positive(n, "plan.samples")
     if cfg.plan.tokens_per_sample is not None:

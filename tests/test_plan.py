@@ -1,5 +1,7 @@
 """`specft plan`: per-rank memory against arithmetic done by hand in the test."""
 
+import re
+
 import pytest
 
 from specft.plan import plan_rows
@@ -140,3 +142,18 @@ def test_a_checkpoint_is_sized_as_stored_beside_what_specft_holds(tmp_path, name
 def rows_of(stdout: str) -> list[list[str]]:
     """The plan's per-device-count rows."""
     return [r for r in map(str.split, stdout.splitlines()) if len(r) == 8 and r[0].isdigit()]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("plan.headroom=3", r"plan.headroom: a share of the device, in \(0, 1\]; got 3"),
+    ("plan.mfu=0", r"plan.mfu: a share of the device, in \(0, 1\]; got 0"),
+    ("plan.devices=[]", "plan.devices: give at least one device count"),
+    ("plan.device_memory_gb=0", "plan.device_memory_gb: must be > 0"),
+    ("plan.device_tflops=-1", "plan.device_tflops: must be > 0"),
+])
+def test_plan_settings_that_would_lie_or_crash_are_one_line(tmp_path, override, message):
+    """A headroom past 1 let a 130 GB rank "fit" a 64 GB device; empty devices and mfu=0
+    ended in IndexError / ZeroDivisionError."""
+    proc = run_cli(["plan", "model=qwen3_235b_a22b", "quant=mxfp4", override], cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert re.search(message, proc.stderr.strip().splitlines()[-1]), proc.stderr[-500:]

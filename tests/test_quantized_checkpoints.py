@@ -156,12 +156,32 @@ def test_an_emulated_format_on_a_quantized_checkpoint_is_refused(tmp_path):
 
 
 def test_quant_checkpoint_on_an_unquantized_model_is_refused(tmp_path):
-    plain = _copy(tmp_path)
-    config = json.loads((plain / "config.json").read_text())
-    del config["quantization_config"]
-    (plain / "config.json").write_text(json.dumps(config))
+    from specft.target_model.loader import MODEL_SOURCES
+
+    plain, _ = MODEL_SOURCES.get("tiny")(root_cfg("model=tiny_qwen3").model)  # a 16-bit checkpoint directory
     _run_unchanged(tmp_path, ["cache", "model=hf", f"model.path={plain}", "quant=checkpoint"],
                    "quant=checkpoint:", "is not a quantized checkpoint")
+
+
+@pytest.mark.parametrize("quant", ["bf16", "checkpoint"])
+def test_a_quantized_checkpoint_that_lost_its_quantization_config_is_refused(tmp_path, quant):
+    """Read as 16-bit, its FP8 codes would be the weights and every scale dropped, with
+    only transformers' "UNEXPECTED" table as a warning, and a draft would train on it."""
+    stripped = _copy(tmp_path)
+    config = json.loads((stripped / "config.json").read_text())
+    del config["quantization_config"]
+    (stripped / "config.json").write_text(json.dumps(config))
+    _run_unchanged(tmp_path, ["cache", "model=hf", f"model.path={stripped}", f"quant={quant}"],
+                   "has no quantization_config, but its weights are quantized", "quant=checkpoint")
+
+
+def test_an_unknown_quant_method_is_named_as_such(tmp_path):
+    other = _copy(tmp_path)
+    config = json.loads((other / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "squeezellm"}
+    (other / "config.json").write_text(json.dumps(config))
+    _run_unchanged(tmp_path, ["cache", "model=hf", f"model.path={other}", "quant=checkpoint"],
+                   "quantization_config names quant_method 'squeezellm', which specft does not know; supported:")
 
 
 def test_an_unsupported_format_is_named_with_the_supported_ones(tmp_path):

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from specft.errors import SpecftError
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,
     FormatFamily,
+    quant_method,
     read_config,
+    read_tensors,
 )
 
 
@@ -57,6 +61,34 @@ def supported() -> list[str]:
     return [n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).supported]
 
 
+# tensor names only quantized checkpoints hold (scales, packed codes, zero points)
+QUANTIZED_SUFFIXES = (".weight_scale", ".weight_scale_inv", ".weight_scale_2", ".input_scale", ".qweight", ".qzeros",
+                      ".weight_packed", ".weight_zero_point", "_blocks", "_scales", ".deq_scale", ".quant_bias")
+# dtypes of quantized codes (a plain checkpoint's int64 / bool buffers are not)
+CODE_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+def check_unquantized(model_dir: str | Path) -> None:
+    """A checkpoint without a quantization_config must hold plain 16/32-bit weights: one
+    whose config lost it would load its codes as weights and drop its scales. Reads the
+    safetensors headers only."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir() or not any(model_dir.glob("model*.safetensors")):
+        return
+    method = quant_method(model_dir)
+    if method is not None:
+        raise SpecftError(f"model.path: {model_dir}'s quantization_config names quant_method {method!r}, which "
+                          f"specft does not know; supported: {', '.join(supported())} (docs/checkpoints.md)")
+    tensors = read_tensors(model_dir, "model*.safetensors")
+    found = next(((k, f"a {k.rsplit('.', 1)[-1]} tensor") for k in tensors if k.endswith(QUANTIZED_SUFFIXES)), None) \
+        or next(((k, str(tensors.dtype(k)).replace("torch.", "")) for k in tensors
+                 if tensors.dtype(k) in CODE_DTYPES), None)
+    if found is not None:
+        raise SpecftError(f"model.path: {model_dir} has no quantization_config, but its weights are quantized "
+                          f"({found[0]}: {found[1]}); restore the quantization_config its quantizer wrote and run "
+                          "it with quant=checkpoint")
+
+
 def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
     """What the checkpoint at ``model_dir`` quantizes, parsed and checked; None when it
     is not quantized. An unsupported family or scheme is one line naming it."""
@@ -72,5 +104,6 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
 # The families register themselves on import.
 from specft.quantized_checkpoints import compressed_tensors, gguf_family, gpt_oss, gptq, hf_fp8, modelopt, msmodelslim, others  # noqa: E402,F401,I001
 
-__all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "description_patterns", "detect_family",
+__all__ = ["CHECKPOINT_FORMATS", "CheckpointQuant", "FormatFamily", "check_unquantized", "description_patterns",
+           "detect_family",
            "open_checkpoint", "read_config", "stored_bits", "supported"]

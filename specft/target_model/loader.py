@@ -14,7 +14,7 @@ from specft.config import ModelConfig
 from specft.device import resolve_dtype
 from specft.errors import ConfigError
 from specft.paths import models_dir
-from specft.quantized_checkpoints import description_patterns, open_checkpoint
+from specft.quantized_checkpoints import check_unquantized, description_patterns, open_checkpoint
 from specft.registry import Registry
 from specft.target_model.local_checkpoint import ensure_checkpoint_dir
 from specft.target_model.tiny import build_tiny, tiny_dir_name
@@ -140,6 +140,8 @@ def load_target(cfg: ModelConfig, dtype: torch.dtype | None = None, **placement)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     dtype = dtype or getattr(torch, resolve_dtype(cfg.dtype))
     checkpoint = open_checkpoint(Path(where) / gguf_file if gguf_file else where) if cfg.source == "hf" else None
+    if cfg.source == "hf" and checkpoint is None and not gguf_file:
+        check_unquantized(where)  # a quantized checkpoint that lost its quantization_config
     if checkpoint is not None:
         if placement:
             raise ConfigError(CHECKPOINT_SHARDING)
