@@ -254,3 +254,18 @@ def test_a_draft_of_another_width_is_still_refused_against_a_checkpoint():
     check_draft_matches_target(same, cfg, "base")  # named after the 16-bit model: allowed
     with pytest.raises(SpecftError, match="hidden size 576"):
         check_draft_matches_target({**same, "target_hidden_size": 576}, cfg, "other")
+
+
+def test_a_checkpoint_requantized_in_place_gets_another_cache(tmp_path):
+    """Same file names and sizes, other weights (here: the FP8 codes of every layer
+    shifted by one step): the fingerprint samples the weight files' contents, so the old
+    checkpoint's features are not reused."""
+    from specft.target_model.loader import checkpoint_fingerprint
+
+    path = _copy(tmp_path)
+    cfg = root_cfg("model=hf", f"model.path={path}", "quant=checkpoint")
+    before, size = checkpoint_fingerprint(cfg.model), (path / "model.safetensors").stat().st_size
+    _edit_tensors(path, lambda t: t.update({k: (v.view(torch.uint8) ^ 1).view(v.dtype) for k, v in t.items()
+                                            if v.dtype == torch.float8_e4m3fn}))
+    assert (path / "model.safetensors").stat().st_size == size
+    assert checkpoint_fingerprint(cfg.model) != before

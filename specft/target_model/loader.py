@@ -287,8 +287,9 @@ def _name_or_path(hf_config) -> str | None:
 
 def checkpoint_fingerprint(cfg: ModelConfig) -> str:
     """Identifies the weights a cache was built from: a local checkpoint's config (and
-    quantization description) and weight files (names and sizes), or the hub id when
-    the model is remote."""
+    quantization description) and weight files (names, sizes, and a sample of their
+    contents: a checkpoint re-quantized in place under the same names and sizes changes
+    nearly every byte), or the hub id when the model is remote."""
     import hashlib
 
     where, gguf_file = MODEL_SOURCES.get(cfg.source, "model.source")(cfg)
@@ -307,10 +308,22 @@ def checkpoint_fingerprint(cfg: ModelConfig) -> str:
         elif p.suffix == ".gguf":  # its header: the metadata and every tensor's type
             with p.open("rb") as f:
                 h.update(f.read(GGUF_HEADER_BYTES))
+        if p.suffix != ".json":
+            _hash_sampled_content(h, p)
     return h.hexdigest()[:16]
 
 
 GGUF_HEADER_BYTES = 8 << 20
+CONTENT_SAMPLES, SAMPLE_BYTES = 64, 4096  # 256 KiB read per weight file, whatever its size
+
+
+def _hash_sampled_content(h, path: Path) -> None:
+    """CONTENT_SAMPLES chunks spread evenly over the file (its start included)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        for i in range(CONTENT_SAMPLES):
+            f.seek(size * i // CONTENT_SAMPLES)
+            h.update(f.read(SAMPLE_BYTES))
 
 
 def stop_token_ids(tokenizer, model) -> set[int]:
