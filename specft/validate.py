@@ -305,6 +305,11 @@ def _check_online(cfg: RootConfig) -> None:
     if cfg.cache.dtype != CacheConfig.dtype:
         raise ConfigError(f"cache.dtype: trainer.features=online stores no features (they stay in the "
                           f"target's precision), got cache.dtype={cfg.cache.dtype}; drop it")
+    for name in ("batch_size", "samples_per_shard"):  # the cache's forwards and shards
+        if getattr(cfg.cache, name) != getattr(CacheConfig, name):
+            raise ConfigError(f"cache.{name}: trainer.features=online runs the target on each training batch "
+                              f"(trainer.micro_batch_size) and writes no shards, got cache.{name}="
+                              f"{getattr(cfg.cache, name)}; drop it")
     if cfg.trainer.mix_quant is not None:
         raise ConfigError("trainer.mix_quant: mixes a second target's cache, which trainer.features=online "
                           "does not build; use trainer.features=cache")

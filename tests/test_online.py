@@ -98,6 +98,8 @@ def test_new_answers_every_epoch(tmp_path):
 @pytest.mark.parametrize("override, field", [
     ("cache.dir=/tmp/somewhere", "cache.dir"),
     ("cache.dtype=fp8", "cache.dtype"),
+    ("cache.batch_size=2", "cache.batch_size"),  # ignored without a word before
+    ("cache.samples_per_shard=5", "cache.samples_per_shard"),
     ("trainer.mix_quant=bf16", "trainer.mix_quant"),
     ("cache.sharding=tp", "cache.sharding"),
 ])
