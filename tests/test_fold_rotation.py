@@ -112,13 +112,15 @@ def test_fold_reads_a_saved_matrix_and_refuses_bad_ones(tmp_path, targets):
     assert json.loads((tmp_path / "a" / "draft_config.json").read_text())["rotation"]["file"].endswith("r1.safetensors")
     save_file({"R1": torch.randn(H, H)}, str(tmp_path / "skew.safetensors"))
     save_file({"R1": torch.eye(32)}, str(tmp_path / "small.safetensors"))
+    (tmp_path / "garbage.safetensors").write_bytes(b"\x10\x00\x00\x00not a header")  # was a SafetensorError traceback
     for source, message in (("w8a8_int8", "rotates no residual stream"),
                             (str(tmp_path / "skew.safetensors"), "is not orthogonal"),
                             (str(tmp_path / "small.safetensors"), "holds a (32, 32) matrix; the draft's target is 64 wide"),
-                            (str(tmp_path / "none.safetensors"), "no file")):
+                            (str(tmp_path / "none.safetensors"), "no file"),
+                            (str(tmp_path / "garbage.safetensors"), "is not a readable .safetensors file")):
         proc = run_cli(["fold-rotation", str(ckpt), str(tmp_path / "b"), "--rotation", source], cwd=tmp_path,
                        check=False)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert not (tmp_path / "b" / "draft.safetensors").exists()
     proc = run_cli(["fold-rotation", str(tmp_path / "a"), str(tmp_path / "c"), "--rotation", "w8a8_int8_quarot"],
                    cwd=tmp_path, check=False)

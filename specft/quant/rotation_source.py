@@ -42,7 +42,11 @@ def _rebuilt(quant_name: str, rotation, size: int, field: str) -> tuple[torch.Te
 def _matrix_file(path: Path, size: int, field: str) -> torch.Tensor:
     if not path.is_file():
         raise SpecftError(f"{field}: no file {path}")
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except Exception as err:  # safetensors' own error type, or an OS error: one line naming the file
+        raise SpecftError(f"{field}: {path} is not a readable .safetensors file ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else 'unreadable'})") from None
     if len(tensors) != 1:
         raise SpecftError(f"{field}: {path} holds {len(tensors)} tensors ({', '.join(sorted(tensors)[:4])}); "
                           "give a file with the one matrix")
