@@ -242,6 +242,10 @@ def validate_trainer(cfg: RootConfig) -> None:
         raise ConfigError(f"trainer.hostfile: no such file: {t.hostfile}")
     if t.num_nodes is not None:
         _positive(t.num_nodes, "trainer.num_nodes")
+        if t.num_nodes > 1 and t.hostfile is None and t.node_rank is None:
+            # DeepSpeed's launcher would run the ranks of this host alone, without a word
+            raise ConfigError(f"trainer.num_nodes={t.num_nodes}: say how the nodes start: trainer.hostfile (one "
+                              "launcher over ssh) or trainer.node_rank and trainer.master_addr on every node")
     if t.node_rank is not None:
         _check_node(t)
     if not 0.0 <= t.val_fraction < 1.0:

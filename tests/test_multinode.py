@@ -59,6 +59,8 @@ def test_two_nodes_equal_two_ranks_on_one_node(tmp_path, features):
     ("trainer.node_rank=1", "trainer.node_rank: needs trainer.num_nodes"),
     ("trainer.node_rank=2 trainer.num_nodes=2", "trainer.node_rank: must be in 0..1"),
     ("trainer.node_rank=0 trainer.num_nodes=2", "trainer.master_addr: trainer.node_rank needs node 0's address"),
+    # was ignored: one node trained alone, exit 0
+    ("trainer.num_nodes=2", "trainer.num_nodes=2: say how the nodes start"),
 ])
 def test_node_launch_refusals(tmp_path, override, message):
     proc = run_cli(["train", "model=tiny_qwen3", *override.split()], cwd=tmp_path, check=False)
