@@ -80,12 +80,15 @@ def served_rotation(cfg) -> tuple[torch.Tensor, dict]:
     config's rotation block or the checkpoint folder's saved matrix; anything else is a
     .safetensors file (or checkpoint folder) holding it."""
     size, source = cfg.model.hidden_size, cfg.trainer.unrotate
-    if source != "target":
-        return rotation_matrix(source, size, "trainer.unrotate")
     rotation = getattr(cfg.quant, "rotation", None)
+    rotated = (rotation is not None and rotation.residual) or cfg.quant.name == "checkpoint"
+    if not rotated:  # folding an R1 the target lacks would rotate the draft out of the target's basis
+        raise ConfigError(f"trainer.unrotate={source}: the target (quant={cfg.quant.name}) rotates no residual "
+                          "stream, so its draft has nothing to unrotate; drop trainer.unrotate")
+    if source != "target":
+        # a checkpoint whose quantizer fused a rotation (SpinQuant) says nothing of it: its
+        # R1, recovered by scripts/recover_rotation.py, comes as a file
+        return rotation_matrix(source, size, "trainer.unrotate")
     if rotation is not None and rotation.residual:  # the composed config: overrides included
         return _rebuilt(cfg.quant.name, rotation, size, "trainer.unrotate")
-    if cfg.quant.name == "checkpoint":
-        return rotation_matrix(str(cfg.model.path), size, "trainer.unrotate")
-    raise ConfigError(f"trainer.unrotate=target: the target (quant={cfg.quant.name}) rotates no residual stream; "
-                      "drop trainer.unrotate, or give the R1 .safetensors file")
+    return rotation_matrix(str(cfg.model.path), size, "trainer.unrotate")  # quant=checkpoint
