@@ -261,17 +261,9 @@ def _write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
 
 def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     """Resolve, check and save the config, then run one job's ranks."""
-    from contextlib import ExitStack
-
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from specft.launch import NodeLaunch, launch_ranks, run_subprocess_rank
-    from specft.lock import dir_lock
     from specft.preflight import check_before_writing
-    from specft.rundir import write_atomic
+    from specft.rundir import RefusalUndo
     from specft.validate import to_schema
-    from specft.worker import run
 
     setup_logging()  # Hydra reconfigures logging per job
     cfg = OmegaConf.create(OmegaConf.to_container(hydra_cfg, resolve=True))
@@ -279,8 +271,25 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     cfg.meta = {"git_sha": _git_sha(), "command": command, "argv": sys.argv[1:]}
     root = to_schema(cfg)
     run_dir = Path(root.run_dir)
-    # Everything is checked before anything is written: a refused command changes no file.
-    check_before_writing(root, OmegaConf.to_container(cfg), command)
+    # Everything is checked before anything is written: a refused command changes no file
+    # (the checks probe that the places are writable; refusals from the ranks come later).
+    undo = RefusalUndo(run_dir, [run_dir.parent, Path(root.cache.root)])
+    try:
+        check_before_writing(root, OmegaConf.to_container(cfg), command)
+        _write_and_run(command, root, cfg, run_dir)
+    except SpecftError:
+        undo.undo()
+        raise
+
+
+def _write_and_run(command: str, root, cfg: DictConfig, run_dir: Path) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specft.launch import NodeLaunch, launch_ranks, run_subprocess_rank
+    from specft.rundir import write_atomic
+    from specft.worker import run
+
     if command == "eval":  # reads a run; writes only under its eval dir, once it has results
         from specft.eval import run_eval
 
@@ -298,6 +307,10 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
         write_atomic(config_path, OmegaConf.to_yaml(cfg))
         launch_ranks(config_path, command, t.nproc, t.hostfile, t.num_nodes, node)
         return
+    from contextlib import ExitStack
+
+    from specft.lock import dir_lock
+
     with ExitStack() as locks:
         locks.enter_context(dir_lock(run_dir, "run_dir", f"specft {command}"))
         _cache_locks(root, command, locks)

@@ -81,3 +81,44 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+# What a command writes before its work starts: its config, its locks. A folder holding
+# nothing else was only set up for the work.
+SCAFFOLDING_NAMES = ("config.yaml",)
+
+
+def _only_scaffolding(folder: Path) -> bool:
+    return all(p.is_dir() or p.name in SCAFFOLDING_NAMES or p.name.endswith(".lock") or p.name.startswith(".")
+               for p in folder.rglob("*"))
+
+
+class RefusalUndo:
+    """What a refused command (SpecftError) set up is undone, so that it changes nothing
+    that existed: a run config it replaced is put back, and the folders that were bare
+    before it (absent, or made empty by Hydra for the run) and hold nothing but its config
+    and locks after are removed. Refusals met after the ranks start (a checkpoint missing
+    a tensor, a resume the checkpoint cannot take) come after the run config and the cache
+    folders were made."""
+
+    def __init__(self, run_dir: Path, roots: list[Path]):
+        self.config = run_dir / "config.yaml"
+        self.old_config = self.config.read_text(encoding="utf-8") if self.config.is_file() else None
+        bare = [run_dir] if self.old_config is None and _bare(run_dir) else []
+        self.bare = bare + [root for root in roots if _bare(root)]
+        self.before = {root: set(root.iterdir()) if root.is_dir() else set() for root in roots}
+
+    def undo(self) -> None:
+        import shutil
+
+        if self.old_config is not None:
+            write_atomic(self.config, self.old_config)
+        new = [p for root, before in self.before.items() if root.is_dir() for p in root.iterdir()
+               if p.is_dir() and p not in before]
+        for folder in [*new, *self.bare]:  # children before the folders they are in
+            if folder.is_dir() and _only_scaffolding(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _bare(folder: Path) -> bool:
+    return not folder.exists() or (folder.is_dir() and _only_scaffolding(folder))

@@ -269,3 +269,14 @@ def test_a_checkpoint_requantized_in_place_gets_another_cache(tmp_path):
                                             if v.dtype == torch.float8_e4m3fn}))
     assert (path / "model.safetensors").stat().st_size == size
     assert checkpoint_fingerprint(cfg.model) != before
+
+
+def test_a_checkpoint_refused_after_its_ranks_start_leaves_nothing_behind(tmp_path):
+    """A tensor missing is found when the checkpoint loads, after the run config and the
+    cache folder were made: the refusal removes them (they held nothing else)."""
+    broken = _copy(tmp_path)
+    _edit_tensors(broken, lambda t: t.pop("model.layers.3.mlp.up_proj.weight_scale"))
+    work = tmp_path / "work"
+    work.mkdir()
+    _run_unchanged(work, ["cache", "model=hf", f"model.path={broken}", "quant=checkpoint"],
+                   "model.layers.3.mlp.up_proj.weight_scale is missing")
