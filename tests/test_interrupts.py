@@ -20,11 +20,15 @@ def _library_call_interrupted():
 
 
 def test_a_sigint_turned_into_another_error_is_seen():
-    with watching_sigint() as sigint:
-        with pytest.raises(ValueError):
-            _library_call_interrupted()
-    assert sigint.seen
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a command starts
+    try:
+        with watching_sigint() as sigint:
+            with pytest.raises(ValueError):
+                _library_call_interrupted()
+        assert sigint.seen
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_no_sigint_is_not_seen_and_ignored_sigint_stays_ignored():
