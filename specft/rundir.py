@@ -9,6 +9,7 @@ the old one. Only the fields in RESUME_SAFE may differ from the stored config.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import yaml
@@ -109,8 +110,6 @@ class RefusalUndo:
         self.before = {root: set(root.iterdir()) if root.is_dir() else set() for root in roots}
 
     def undo(self) -> None:
-        import shutil
-
         if self.old_config is not None:
             write_atomic(self.config, self.old_config)
         new = [p for root, before in self.before.items() if root.is_dir() for p in root.iterdir()

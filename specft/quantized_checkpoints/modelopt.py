@@ -133,9 +133,10 @@ class ModelOpt(FormatFamily):
         load = self._load_nvfp4 if algo == "NVFP4" else self._load_state
 
         def load_state(model, dtype):
-            state = load(ckpt, model, dtype)
+            raw = read_tensors(model_dir, "model*.safetensors")
+            state = load(ckpt, raw, model, dtype)
             if kv_algo:
-                ckpt.attention.append(_kv_cache(read_tensors(model_dir, "model*.safetensors"), model))
+                ckpt.attention.append(_kv_cache(raw, model))
             return state
 
         ckpt.load_state = load_state
@@ -147,8 +148,7 @@ class ModelOpt(FormatFamily):
             return 4 + 8 / 16  # E2M1 codes, an E4M3 scale per 16
         return 8.0  # FP8 codes, one scale per tensor
 
-    def _load_state(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        raw = read_tensors(ckpt.model_dir, "model*.safetensors")
+    def _load_state(self, ckpt: CheckpointQuant, raw, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         state = {k: raw[k].to(dtype) for k in raw
                  if raw.dtype(k).is_floating_point and raw.dtype(k) != torch.float8_e4m3fn
                  and not k.endswith(QUANT_TENSORS)}
@@ -169,9 +169,7 @@ class ModelOpt(FormatFamily):
         return state
 
 
-    def _load_nvfp4(self, ckpt: CheckpointQuant, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-
-        raw = read_tensors(ckpt.model_dir, "model*.safetensors")
+    def _load_nvfp4(self, ckpt: CheckpointQuant, raw, model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         quantized = {k[: -len(".weight_scale_2")] for k in raw if k.endswith(".weight_scale_2")}
         state = {k: raw[k].to(dtype) for k in raw if raw.dtype(k).is_floating_point
                  and raw.dtype(k) != torch.float8_e4m3fn and not k.endswith(QUANT_TENSORS)
