@@ -109,6 +109,19 @@ def test_training_unrotated_on_the_rotated_target_is_training_on_the_unrotated_o
     proc = run_cli(["fold-rotation", str(tmp_path / "unrot"), str(tmp_path / "twice"), "--rotation", "w8a8_int8_quarot"],
                    cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "already folded" in proc.stderr
+    # Each draft carries the basis it reads; one trained on the rotated target is refused
+    # too (folding R1 into it was a double rotation, exit 0), also when its draft_config
+    # predates the record and only its run config says so.
+    bases = {name: json.loads((tmp_path / name / "checkpoints" / "final" / "draft_config.json").read_text())["basis"]
+             for name in ("plain", "unrot", "rotated")}
+    assert bases == {"plain": "unrotated", "unrot": "rotated", "rotated": "rotated"}
+    old = tmp_path / "rotated" / "checkpoints" / "step-0000002" / "draft_config.json"
+    old.write_text(json.dumps({k: v for k, v in json.loads(old.read_text()).items() if k != "basis"}))
+    for tag in ("final", "step-0000002"):
+        proc = run_cli(["fold-rotation", str(tmp_path / "rotated" / "checkpoints" / tag), str(tmp_path / "twice"),
+                        "--rotation", "w8a8_int8_quarot"], cwd=tmp_path, check=False)
+        assert proc.returncode == 2 and "would rotate it twice" in proc.stderr, proc.stderr
+        assert not (tmp_path / "twice").exists()
 
 
 @pytest.mark.parametrize("overrides, says", [

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from specft.errors import SpecftError
-from specft.quant.rotation_source import rotation_matrix
+from specft.quant.rotation_source import ROTATED, UNKNOWN, rotation_matrix, target_basis
 
 
 def fold_into_eagle3(state: dict[str, torch.Tensor], meta: dict, r1: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -45,6 +47,22 @@ def fold_into_eagle3(state: dict[str, torch.Tensor], meta: dict, r1: torch.Tenso
     return out
 
 
+def trained_basis(folder: Path, meta: dict) -> str:
+    """The basis the draft at ``folder`` reads: draft_config.json's record, or for a draft
+    trained before it was recorded, the one its run config (config.yaml) implies."""
+    if meta.get("basis"):
+        return meta["basis"]
+    run_config = folder / "config.yaml"
+    if not run_config.is_file():
+        return UNKNOWN
+    try:
+        cfg = OmegaConf.load(run_config)
+        quant = SimpleNamespace(name=cfg.quant.name, rotation=cfg.quant.get("rotation"))
+        return target_basis(quant, cfg.model.get("path"))
+    except Exception:  # a run config this version cannot read says nothing of the basis
+        return UNKNOWN
+
+
 def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, overwrite: bool = False) -> Path:
     """Write OUT_DIR: the draft checkpoint at ``checkpoint`` folded for the rotation
     ``source``, a checkpoint folder that `specft eval` and `specft export` read."""
@@ -62,6 +80,10 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
                           "would move its weights off their grid: fold a 16-bit draft")
     if meta.get("rotation"):
         raise SpecftError(f"checkpoint: {folder} is already folded ({meta['rotation']})")
+    if trained_basis(folder, meta) == ROTATED:  # its weights read the rotated stream already
+        raise SpecftError(f"checkpoint: {folder} was trained on a rotated target's features, so it reads the rotated "
+                          "stream already and folding R1 would rotate it twice; fold-rotation is for drafts "
+                          "trained on the unrotated model")
     r1, record = rotation_matrix(source, meta.get("target_hidden_size") or meta["hidden_size"])
     state = fold_into_eagle3(load_file(str(folder / "draft.safetensors")), meta, r1)
     with sibling_lock(out, "out_dir", "specft fold-rotation"):  # one writer; checked again under the lock

@@ -92,3 +92,25 @@ def served_rotation(cfg) -> tuple[torch.Tensor, dict]:
     if rotation is not None and rotation.residual:  # the composed config: overrides included
         return _rebuilt(cfg.quant.name, rotation, size, "trainer.unrotate")
     return rotation_matrix(str(cfg.model.path), size, "trainer.unrotate")  # quant=checkpoint
+
+
+# The basis a draft reads its target's residual stream in, recorded in draft_config.json
+# ("basis") so that every command that rotates a draft can refuse to rotate it twice.
+ROTATED, UNROTATED, UNKNOWN = "rotated", "unrotated", "unknown"
+
+
+def target_basis(quant, model_path: str | None) -> str:
+    """ROTATED for a quant config with a residual rotation or a checkpoint that saved its
+    R1 (msModelSlim's QuaRot); UNKNOWN for any other checkpoint (a quantizer may fuse a
+    rotation without a word, as SpinQuant does); UNROTATED otherwise (16-bit, or a format
+    emulated without one)."""
+    rotation = getattr(quant, "rotation", None)
+    if rotation is not None and rotation.residual:
+        return ROTATED
+    if quant.name != "checkpoint":
+        return UNROTATED
+    from specft.quantized_checkpoints import detect_family
+    from specft.quantized_checkpoints.msmodelslim import MsModelSlim, rotation_file
+
+    folder = Path(str(model_path)).expanduser()
+    return ROTATED if isinstance(detect_family(folder), MsModelSlim) and rotation_file(folder) else UNKNOWN

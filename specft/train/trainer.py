@@ -23,7 +23,7 @@ from specft.eval.stats import confidence
 from specft.export.rotation_fold import fold_into_eagle3
 from specft.export.verifier import VERIFIER_KEYS
 from specft.quant.config import load_quant_config
-from specft.quant.rotation_source import served_rotation
+from specft.quant.rotation_source import ROTATED, served_rotation, target_basis
 from specft.train.batches import StepSampler, collate
 from specft.train.checkpoint import (
     consolidated_state,
@@ -235,6 +235,8 @@ class Trainer:
                              # caches built before these facts were recorded lack them: export then reads the run config
                              "verifier": {k: v for k, v in self.reader.manifest["target"].items()
                                           if k in VERIFIER_KEYS and v is not None}}
+        # the basis the draft files read (trainer.unrotate trains unrotated, then folds R1 in)
+        self.extra_config["basis"] = ROTATED if self.rotation is not None else target_basis(cfg.quant, cfg.model.path)
         if self.rotation is not None:
             self.extra_config["rotation"] = {**self.rotation[1], "trained": "unrotated"}
 
