@@ -198,6 +198,9 @@ class TrainerConfig:
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int = 29500
+    # How long the ranks wait for each other at node 0 (master_addr:master_port) before
+    # one line says which address failed; the collective timeout after that is DeepSpeed's.
+    rendezvous_timeout_s: float = 300.0
     save_every: int = 100
     keep_last: int = 2
     log_every: int = 1

@@ -4,6 +4,7 @@ installed), CUDA, or CPU. torch_npu is never imported at module load."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +43,9 @@ def select_device(prefer: str | None = None, *, npu_ok=npu_available,
     raise AssertionError("unreachable")
 
 
-def init_distributed() -> None:
-    """Start DeepSpeed's process group on the selected device's backend.
+def init_distributed(store=None) -> None:
+    """Start DeepSpeed's process group on the selected device's backend, on ``store``
+    when the ranks met there already (rendezvous.py), else by torch's env:// rendezvous.
 
     On CPU, DeepSpeed JIT-builds a shared-memory all-reduce op at start. We turn it off:
     the build waits forever on a lock file that any build killed midway leaves behind in
@@ -56,6 +58,12 @@ def init_distributed() -> None:
     choice = select_device()
     if choice.kind == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if store is not None:  # DeepSpeed adopts a process group started before it
+        import torch.distributed as dist
+        from deepspeed.constants import default_pg_timeout
+
+        dist.init_process_group(choice.dist_backend, store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=default_pg_timeout)
     deepspeed.init_distributed(dist_backend=choice.dist_backend, verbose=False)
 
 

@@ -23,7 +23,8 @@ RESUME_SAFE = (
     "meta", "run_dir", "eval", "logger", "plan",
     "trainer.max_steps", "trainer.save_every", "trainer.keep_last", "trainer.log_every",
     "trainer.val_every", "trainer.val_batches", "trainer.val_samples", "trainer.resume", "trainer.nproc", "trainer.hostfile",
-    "trainer.num_nodes", "trainer.node_rank", "trainer.master_addr", "trainer.master_port", "cache.root", "cache.dir", "cache.batch_size", "cache.sharding", "cache.tp_size",
+    "trainer.num_nodes", "trainer.node_rank", "trainer.master_addr", "trainer.master_port",
+    "trainer.rendezvous_timeout_s", "cache.root", "cache.dir", "cache.batch_size", "cache.sharding", "cache.tp_size",
 )
 
 

@@ -5,6 +5,7 @@ registries that hold the choices (sources, draft heads, losses, shardings)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -233,7 +234,7 @@ def validate_loss(cfg: RootConfig) -> None:
 def validate_trainer(cfg: RootConfig) -> None:
     t = cfg.trainer
     for name in ("max_steps", "micro_batch_size", "grad_accum", "lr", "nproc", "save_every", "keep_last",
-                 "log_every", "vocab_chunk", "val_samples"):
+                 "log_every", "vocab_chunk", "val_samples", "rendezvous_timeout_s"):
         _positive(getattr(t, name), f"trainer.{name}")
     _choice(t.zero_stage, (0, 1, 2, 3), "trainer.zero_stage")
     _choice(t.precision, PRECISIONS, "trainer.precision")
@@ -299,6 +300,11 @@ def _check_node(t) -> None:
         raise ConfigError("trainer.master_addr: trainer.node_rank needs node 0's address (the same on every node)")
     if not 0 < t.master_port < 65536:
         raise ConfigError(f"trainer.master_port: must be a port number, got {t.master_port}")
+    try:  # a name this node cannot resolve would only fail at the rendezvous, after its timeout
+        socket.getaddrinfo(t.master_addr, t.master_port)
+    except OSError as err:
+        raise ConfigError(f"trainer.master_addr: {t.master_addr} does not resolve on this node ({err.strerror or err}); "
+                          "give node 0's IP address or a name this node's resolver knows") from None
 
 
 def _check_online(cfg: RootConfig) -> None:

@@ -21,12 +21,14 @@ from specft.validate import to_schema
 log = logging.getLogger(__name__)
 
 
-def _init_distributed() -> tuple[int, int]:
+def _init_distributed(rendezvous_timeout_s: float) -> tuple[int, int]:
     import torch.distributed as dist
 
     from specft.device import init_distributed
+    from specft.rendezvous import meet
 
-    init_distributed()
+    # several ranks meet at node 0 within the bounded timeout; one rank serves itself
+    init_distributed(meet(rendezvous_timeout_s) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -44,7 +46,7 @@ def run(cfg: RootConfig, command: str) -> Path | None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     # train always runs DeepSpeed; a sharded target needs a process group even on one rank
     needs_dist = world > 1 or command == "train" or cfg.cache.sharding in ("zero3", "tp")
-    rank, world = _init_distributed() if needs_dist else (0, 1)
+    rank, world = _init_distributed(cfg.trainer.rendezvous_timeout_s) if needs_dist else (0, 1)
     try:
         return run_job(cfg, command, rank, world)
     finally:

@@ -1,10 +1,13 @@
 """Several nodes without ssh: one `specft` per node with its trainer.node_rank, here two
 "nodes" on this machine (gloo, one rank each) against two ranks on one node."""
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from safetensors.torch import load_file
 
@@ -62,9 +65,58 @@ def test_two_nodes_equal_two_ranks_on_one_node(tmp_path, features):
     ("trainer.node_rank=0 trainer.num_nodes=2", "trainer.master_addr: trainer.node_rank needs node 0's address"),
     # was ignored: one node trained alone, exit 0
     ("trainer.num_nodes=2", "trainer.num_nodes=2: say how the nodes start"),
+    # was 10 minutes of c10d warnings at the rendezvous
+    ("trainer.node_rank=1 trainer.num_nodes=2 trainer.master_addr=no-such-node.invalid",
+     "trainer.master_addr: no-such-node.invalid does not resolve on this node"),
+    ("trainer.rendezvous_timeout_s=0", "trainer.rendezvous_timeout_s: must be > 0"),
 ])
 def test_node_launch_refusals(tmp_path, override, message):
     proc = run_cli(["train", "model=tiny_qwen3", *override.split()], cwd=tmp_path, check=False)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def _node(rank: int, port: int, timeout_s: float, cwd: Path) -> subprocess.Popen:
+    args = [*COMMON, "trainer.num_nodes=2", "trainer.master_addr=127.0.0.1", f"trainer.master_port={port}",
+            f"trainer.node_rank={rank}", f"trainer.rendezvous_timeout_s={timeout_s}", f"run_dir={cwd / 'run'}"]
+    return subprocess.Popen([sys.executable, "-m", "specft.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("rank, says", [
+    (1, "rank 1 could not reach node 0 at 127.0.0.1:{port} for 2 s (trainer.rendezvous_timeout_s)"),
+    (0, "rank 0 (node 0) waited for the other 1 rank(s) at 127.0.0.1:{port} for 2 s"),
+])
+def test_a_node_alone_stops_at_the_rendezvous_timeout_with_one_line(tmp_path, rank, says):
+    """Was 10 minutes of c10d warnings or C++ stack frames: now one line naming the
+    address, after trainer.rendezvous_timeout_s, from either side of the rendezvous."""
+    port = free_port()
+    proc = _node(rank, port, 2, tmp_path)
+    _, err = proc.communicate(timeout=600)
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and errors and errors[0].startswith(f"error: rendezvous: {says.format(port=port)}"), err
+    assert "Traceback" not in err
+
+
+def _ranks_started(proc: subprocess.Popen) -> list[psutil.Process]:
+    """specft's launcher and rank processes, once a rank is up."""
+    for _ in range(1200):
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        if any("specft.worker" in " ".join(p.cmdline()) for p in tree if p.is_running()):
+            return tree
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.1)
+    raise AssertionError("no rank process started")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_no_process_outlives_a_killed_launch(tmp_path, sig):
+    """A node waiting at the rendezvous, killed by the user: its launcher and rank go with
+    it (the launcher kept running after a kill before), by SIGKILL too."""
+    proc = _node(1, free_port(), 600, tmp_path)
+    tree = _ranks_started(proc)
+    proc.send_signal(sig)
+    proc.communicate(timeout=120)
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert alive == [], [p.cmdline() for p in alive]
