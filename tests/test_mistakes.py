@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 from omegaconf import OmegaConf
-from test_bad_inputs import RUN, _refused, _run_unchanged, _tree
+from test_bad_inputs import RUN, _fake_trained_run, _refused, _run_unchanged, _tree
 
 from specft.cache import CacheReader, ensure_cache
 from specft.cache.info import describe
@@ -363,3 +363,33 @@ def test_eval_prompts_are_not_filtered_by_their_reference_answers(tmp_path):
     prompts, left_out = load_prompts(cfg, load_tokenizer(cfg.model))
     assert len(prompts) == 10
     assert left_out == {"unknown_record": 1}
+
+
+# -- refused after the run dir is known: nothing left behind (issue 53) --------------------
+
+def _everything(root) -> list[str]:
+    """Folders too: an empty runs/<run>/ is what a refusal used to leave."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("drafts", ["no-such-run", "fake"])
+def test_a_refused_eval_leaves_no_run_folder(tmp_path, drafts):
+    """A draft that is not there, and a run folder without a draft checkpoint (a k past
+    the trained slots: tests/test_parallel_drafting.py)."""
+    fake = _fake_trained_run(tmp_path)
+    shutil.move(fake, tmp_path / "fake")
+    shutil.rmtree(tmp_path / "runs")
+    before = _everything(tmp_path)
+    _refused(run_cli(["eval", "model=tiny_qwen3", f"eval.drafts=[{drafts}]"], cwd=tmp_path, check=False),
+             "eval.drafts:", "no draft checkpoint")
+    assert _everything(tmp_path) == before
+
+
+def test_a_train_refused_for_an_unreadable_manifest_leaves_no_run_folder(tmp_path):
+    cache = tmp_path / "c"
+    cache.mkdir()
+    (cache / "manifest.json").write_text("{not json")
+    before = _everything(tmp_path)
+    _refused(run_cli(["train", *TINY, f"cache.dir={cache}"], cwd=tmp_path, check=False),
+             "cannot read", "manifest.json")
+    assert _everything(tmp_path) == before

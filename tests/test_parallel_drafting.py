@@ -154,11 +154,11 @@ def test_train_eval_export_from_the_command_line(tmp_path, arch, check_export):
              "eval.max_new_tokens=12", f"eval.out_dir={run / 'eval'}"], cwd=tmp_path)
     (_, drafted) = json.loads((run / "eval/results.json").read_text())["results"]
     assert drafted["k"] == 4 and len(drafted["acceptance_at"]) == 4 and drafted["flip_rate"] == 0.0
-    before = sorted(p.name for p in run.iterdir())
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))  # folders too: no bare runs/<run>/
     bad = run_cli(["eval", *common, f"eval.drafts=[{run}]", "eval.k=[5]"], cwd=tmp_path, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
         f"error: eval.k: {run} is a {arch} draft trained to draft at most 4 tokens a round; got k=5 (allowed: 1..4)")
-    assert sorted(p.name for p in run.iterdir()) == before
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     out = tmp_path / "export"
     run_cli(["export", str(run), str(out), "--layout", arch, "--dtype", "float32"], cwd=tmp_path)
     check_export(*_exported(out), load_file(str(run / "checkpoints/final/draft.safetensors")))
