@@ -54,7 +54,7 @@ def calibration(path: Path, n: int = 64) -> list[str]:
     return [r["question"] + " " + r["answer"] for r in rows]
 
 
-def make_autoround(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
+def make_autoround(model_dir: Path, out: Path, texts: list[str], group: int = GROUP) -> list[dict]:
     from auto_round import AutoRound
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -64,7 +64,7 @@ def make_autoround(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         t0 = time.perf_counter()
-        rounder = AutoRound(model, tokenizer, bits=BITS, group_size=GROUP, sym=sym, iters=20, nsamples=16,
+        rounder = AutoRound(model, tokenizer, bits=BITS, group_size=group, sym=sym, iters=20, nsamples=16,
                             seqlen=64, dataset=texts, device_map="cpu")
         staging = out / f".{name}"
         rounder.quantize_and_save(str(staging), format=fmt)
@@ -72,11 +72,12 @@ def make_autoround(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
         written.rename(out / name)
         staging.rmdir()
         made.append({"name": name, "tool": "auto-round", "format": fmt, "sym": sym,
-                     "seconds": round(time.perf_counter() - t0, 1)})
+                     "group_size": group, "seconds": round(time.perf_counter() - t0, 1)})
     return made
 
 
-def make_gptqmodel(model_dir: Path, out: Path, texts: list[str], moe_model: Path | None = None) -> list[dict]:
+def make_gptqmodel(model_dir: Path, out: Path, texts: list[str], moe_model: Path | None = None,
+                   group: int = GROUP) -> list[dict]:
     from gptqmodel import GPTQModel, QuantizeConfig
 
     made = []
@@ -84,16 +85,17 @@ def make_gptqmodel(model_dir: Path, out: Path, texts: list[str], moe_model: Path
         if source is None:
             continue
         t0 = time.perf_counter()
-        config = QuantizeConfig(bits=BITS, group_size=GROUP, desc_act=desc_act, sym=True)
+        config = QuantizeConfig(bits=BITS, group_size=group, desc_act=desc_act, sym=True)
         model = GPTQModel.load(str(source), config, device="cpu")
         model.quantize(texts, batch_size=4)
         model.save(str(out / name))
-        made.append({"name": name, "tool": "gptqmodel", "format": "gptq", "desc_act": desc_act, "model": str(source),
+        made.append({"name": name, "tool": "gptqmodel", "format": "gptq", "desc_act": desc_act, "group_size": group,
+                     "model": str(source),
                      "seconds": round(time.perf_counter() - t0, 1)})
     return made
 
 
-def make_autoawq(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
+def make_autoawq(model_dir: Path, out: Path, texts: list[str], group: int = GROUP) -> list[dict]:
     """AutoAWQ 0.2.9 (transformers < 4.52 in its venv) on this CPU. Its clipping search
     needs output widths in multiples of 64 (tiny Qwen3's k/v projections are 32), so
     apply_clip=False: the scale search alone. Its oracle is its own dequantize_gemm of the
@@ -109,7 +111,7 @@ def make_autoawq(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
     model = AutoAWQForCausalLM.from_pretrained(str(model_dir), device_map="cpu")
     # a tokenizer saved by transformers 5 names a class 4.51 lacks: read its tokenizer.json
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
-    model.quantize(tokenizer, quant_config={"zero_point": True, "q_group_size": GROUP, "w_bit": BITS,
+    model.quantize(tokenizer, quant_config={"zero_point": True, "q_group_size": group, "w_bit": BITS,
                                             "version": "GEMM"},
                    calib_data=texts, max_calib_seq_len=512, n_parallel_calib_samples=4, apply_clip=False)
     target = out / "awq_autoawq"
@@ -119,11 +121,11 @@ def make_autoawq(model_dir: Path, out: Path, texts: list[str]) -> list[dict]:
             shutil.copy(model_dir / name, target / name)
     raw = load_file(str(target / "model.safetensors"))
     oracle = {f"dequantized.{k[:-len('.qweight')]}": dequantize_gemm(
-        raw[k], raw[k.replace("qweight", "qzeros")], raw[k.replace("qweight", "scales")], BITS, GROUP).t().contiguous()
+        raw[k], raw[k.replace("qweight", "qzeros")], raw[k.replace("qweight", "scales")], BITS, group).t().contiguous()
         for k in raw if k.endswith(".qweight")}
     save_file(oracle, str(target / "oracle.safetensors"), metadata={"autoawq": version("autoawq"),
                                                                    "oracle": "dequantize_gemm"})
-    return [{"name": "awq_autoawq", "tool": "autoawq", "format": "awq gemm", "apply_clip": False,
+    return [{"name": "awq_autoawq", "tool": "autoawq", "format": "awq gemm", "apply_clip": False, "group_size": group,
              "seconds": round(time.perf_counter() - t0, 1)}]
 
 
@@ -164,6 +166,8 @@ def main() -> None:
     mk.add_argument("--out", type=Path, required=True)
     mk.add_argument("--calibration", type=Path, default=GSM8K)
     mk.add_argument("--moe-model", type=Path, help="gptqmodel: also OUT/gptq_moe from this Qwen3-MoE checkpoint")
+    mk.add_argument("--group", type=int, default=GROUP, help="weights per scale (SmolLM2's 576-wide inputs take "
+                    "32 or 64, not 128)")
     orc = sub.add_parser("oracle")
     orc.add_argument("dirs", nargs="+", type=Path)
     args = ap.parse_args()
@@ -176,11 +180,11 @@ def main() -> None:
     texts = calibration(args.calibration)
     package = {"autoround": "auto-round", "gptqmodel": "gptqmodel", "autoawq": "autoawq"}[args.tool]
     if args.tool == "gptqmodel":
-        rows = make_gptqmodel(args.model, args.out, texts, args.moe_model)
+        rows = make_gptqmodel(args.model, args.out, texts, args.moe_model, args.group)
     elif args.tool == "autoawq":
-        rows = make_autoawq(args.model, args.out, texts)
+        rows = make_autoawq(args.model, args.out, texts, args.group)
     else:
-        rows = make_autoround(args.model, args.out, texts)
+        rows = make_autoround(args.model, args.out, texts, args.group)
     made_path = args.out / "made.json"
     made = json.loads(made_path.read_text()) if made_path.is_file() else {"checkpoints": []}
     made["model"], made["calibration"] = str(args.model), f"{args.calibration} (first 64 problems)"
