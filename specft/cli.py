@@ -280,6 +280,8 @@ def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     except SpecftError:
         undo.undo()
         raise
+    if command == "eval":  # it wrote under eval.out_dir only
+        undo.remove_bare_folders()
 
 
 def _write_and_run(command: str, root, cfg: DictConfig, run_dir: Path) -> None:

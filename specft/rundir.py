@@ -113,6 +113,11 @@ class RefusalUndo:
     def undo(self) -> None:
         if self.old_config is not None:
             write_atomic(self.config, self.old_config)
+        self.remove_bare_folders()
+
+    def remove_bare_folders(self) -> None:
+        """Also after a command that writes elsewhere (eval with eval.out_dir), so that the
+        run folder Hydra made for it does not stay behind empty."""
         new = [p for root, before in self.before.items() if root.is_dir() for p in root.iterdir()
                if p.is_dir() and p not in before]
         for folder in [*new, *self.bare]:  # children before the folders they are in
