@@ -102,17 +102,18 @@ def _position_errors(model, oracle) -> list[torch.Tensor]:
 def test_moe_expert_inputs_quantized_as_served_match_llm_compressors_model(fixture):
     """Oracle: llm-compressor's own quantized model in memory (its linearized experts, its
     FP8 fake quantization of every expert's input), oracle.safetensors. Stated tolerance:
-    every layer's median position within 1e-6 and the first five layers' every position
-    (measured: 132 of 132 through layer 4; from layer 5 one position of one prompt, then
-    25 of its positions downstream, are off: the fused loop sums in another order and a
-    last-bit difference flips an FP8 code, as under TP); 2 of 3 greedy continuations
-    identical. Without the experts' input quantization every position of every layer is
-    off (median 0.036 to 0.23), so the check can fail."""
+    every layer's median position within 1e-6, and the first five layers' every position
+    within 1e-5 (measured: 132 of 132 through layer 4 within 7.4e-7 on an AVX-512 machine,
+    1.8e-6 on an AVX2-only one, whose float32 kernels sum in another order; from layer 5
+    one position of one prompt, then 25 of its positions downstream, are off by ~1e-2: the
+    fused loop sums in another order and a last-bit difference flips an FP8 code, as under
+    TP); 2 of 3 greedy continuations identical. Without the experts' input quantization
+    every position of every layer is off (median 0.036 to 0.23), so the check can fail."""
     oracle = load_file(str(fixture / "oracle.safetensors"))
     model, tokenizer, _ = checkpoint_model(fixture)
     errors = _position_errors(model, oracle)
     assert all(e.median() < 1e-6 for e in errors), [float(e.median()) for e in errors]
-    assert all(e.max() < 1e-6 for e in errors[:5]), [float(e.max()) for e in errors]
+    assert all(e.max() < 1e-5 for e in errors[:5]), [float(e.max()) for e in errors]
     with torch.no_grad():
         new = oracle["greedy"].shape[1] - oracle["input_ids"].shape[1]
         greedy = model.generate(oracle["input_ids"], max_new_tokens=new, do_sample=False,
