@@ -56,6 +56,19 @@ class ModelConfig:
 
 
 @dataclass
+class AnswerServerConfig:
+    """data.regenerate.engine=server: an OpenAI-compatible server (llama-server, vLLM,
+    SGLang) serving the checkpoint answers the prompts (data/answer_server.py)."""
+    url: str | None = None  # http://HOST:PORT, the server's /v1 routes below it
+    model: str | None = None  # the served model's name; null: the first /v1/models lists
+    concurrency: int = 8  # requests in flight (the server batches them)
+    timeout_s: float = 600.0  # one answer
+    connect_timeout_s: float = 30.0  # the first call (/v1/models): a server that is not up
+    retries: int = 3  # per request, on a dropped connection or a 429/5xx; waits 1, 2, 4 s
+    api_key_env: str | None = None  # the environment variable holding the API key, if any
+
+
+@dataclass
 class RegenerateConfig:
     """Replace assistant turns with the (quantized) target's own answers, the text the
     draft will have to predict at serving time."""
@@ -72,6 +85,10 @@ class RegenerateConfig:
     # Reuse answers that other caches in cache.root made for the same questions under the
     # same target and generation settings (data/answer_store.py); false answers afresh.
     reuse: bool = True
+    # Who answers (data/answer_engines.py): specft's own engine over the loaded target, or
+    # a server serving the checkpoint (data.regenerate.server).
+    engine: str = "specft"
+    server: AnswerServerConfig = field(default_factory=AnswerServerConfig)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from specft.config import (
     default_aux_layer_ids,
 )
 from specft.data import mix_members
+from specft.data.answer_engines import ANSWER_ENGINES
 from specft.data.sources import DATA_SOURCES
 from specft.drafts import DRAFT_ARCHS
 from specft.errors import ConfigError
@@ -363,6 +364,7 @@ def validate(cfg: RootConfig) -> None:
     _choice(cfg.logger.name, ("jsonl", "wandb"), "logger.name")
     validate_loss(cfg)
     _validate_data(cfg.data)
+    ANSWER_ENGINES.get(cfg.data.regenerate.engine, "data.regenerate.engine").validate(cfg)
     _validate_eval(cfg.eval)
     validate_plan(cfg)
 

@@ -22,10 +22,12 @@ def test_every_field_is_classified_once(cls):
     assert keyed | skipped <= names, f"{cls.__name__}: classified fields that do not exist"
 
 
-def _without(value, cls_fields, when_set=()):
-    """asdict output less the NOT_KEYED fields and the unset KEYED_WHEN_SET ones (the key
-    must equal the rest)."""
-    return {k: v for k, v in value.items() if k not in cls_fields and not (k in when_set and v is None)}
+def _without(value, cls_fields, when_set=(), cls=None):
+    """asdict output less the NOT_KEYED fields and the KEYED_WHEN_SET ones left at their
+    defaults (the key must equal the rest)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)} if cls else {}
+    return {k: v for k, v in value.items()
+            if k not in cls_fields and not (k in when_set and v == defaults.get(k))}
 
 
 SHIPPED = [("data", p.stem) for p in sorted((CONF / "data").glob("*.yaml"))] + \
@@ -47,12 +49,13 @@ def test_shipped_configs_keep_their_keys(group, name):
         overrides += ["model=hf", f"model.path={CONF.parent / 'tests/fixtures/checkpoints/tiny_qwen3/fp8_dynamic'}",
                       "quant=checkpoint"]
     cfg = root_cfg(*overrides)
-    data_key = _without(dataclasses.asdict(cfg.data), NOT_KEYED[type(cfg.data)], KEYED_WHEN_SET[type(cfg.data)])
+    data_key = _without(dataclasses.asdict(cfg.data), NOT_KEYED[type(cfg.data)], KEYED_WHEN_SET[type(cfg.data)],
+                        type(cfg.data))
     data_key["regenerate"] = _without(data_key["regenerate"], NOT_KEYED[type(cfg.data.regenerate)],
-                                      KEYED_WHEN_SET[type(cfg.data.regenerate)])
+                                      KEYED_WHEN_SET[type(cfg.data.regenerate)], type(cfg.data.regenerate))
     assert cache_key(cfg.data) == data_key
     assert cache_key(cfg.quant) == _without(dataclasses.asdict(cfg.quant), NOT_KEYED[type(cfg.quant)],
-                                            KEYED_WHEN_SET[type(cfg.quant)])
+                                            KEYED_WHEN_SET[type(cfg.quant)], type(cfg.quant))
     model = cache_key(cfg.model)
     assert model == _without(dataclasses.asdict(cfg.model), NOT_KEYED[type(cfg.model)])
 

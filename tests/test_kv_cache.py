@@ -6,7 +6,7 @@ from transformers import DynamicCache
 
 from specft.config import RegenerateConfig
 from specft.data import load_conversations
-from specft.data.regenerate import generate_batch
+from specft.data.generate import generate_batch
 from specft.data.template import prompt_ids
 from specft.decoding.kv_cache import InPlaceCache
 from specft.quant import apply_quant

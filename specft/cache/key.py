@@ -29,15 +29,16 @@ KEYED: dict[type, tuple[str, ...]] = {
                  "gsm8k_answers", "regenerate", "mix"),
     # batch_size: float32 padding effects flip a few greedy tokens between batch sizes.
     RegenerateConfig: ("enabled", "max_new_tokens", "temperature", "top_p", "top_k", "batch_size", "seed",
-                       "fraction"),
+                       "fraction", "engine"),
     QuantConfig: ("name", "weight", "activation", "kv", "exclude", "calibration_samples", "rotation"),
     TensorQuantSpec: ("format", "scheme", "block_size", "scale_rule", "symmetric", "dynamic"),
     RotationSpec: ("residual", "head", "online_qk", "online_down", "seed"),
 }
 
-# Keyed fields that join the key only when set: fields added after caches were named under
-# keys without them (a config that leaves them null keeps its old key).
-KEYED_WHEN_SET: dict[type, tuple[str, ...]] = {QuantConfig: ("rotation",), RegenerateConfig: ("fraction",),
+# Keyed fields that join the key only when set away from their default: fields added after
+# caches were named under keys without them (a config that leaves them as they were keeps
+# its old key).
+KEYED_WHEN_SET: dict[type, tuple[str, ...]] = {QuantConfig: ("rotation",), RegenerateConfig: ("fraction", "engine"),
                                                 DataConfig: ("gsm8k_answers",)}
 
 # Fields that reach a keyed dataclass but not the cached numbers, and why.
@@ -50,7 +51,9 @@ NOT_KEYED: dict[type, dict[str, str]] = {
          "checkpoint_weights": "packed and dense weights compute the same numbers, bit for bit "
                                "(tests/test_packed_checkpoints.py)"},
     DataConfig: {"keep_text": "only a data.mix member sets it (validated), and members are keyed as written"},
-    RegenerateConfig: {"reuse": "reused answers are the same target's answers under the same settings"},
+    RegenerateConfig: {"reuse": "reused answers are the same target's answers under the same settings",
+                       "server": "where the server is and how it is called; what it serves is keyed as the "
+                                 "provenance's answers (data/answer_engines.py)"},
     # Only conf/quant/checkpoint.yaml sets it, whose name is keyed; what the checkpoint
     # quantizes is in the checkpoint fingerprint (its config.json and weight files).
     # Keying it would rename every existing cache.
@@ -69,9 +72,14 @@ def cache_key(obj: Any) -> Any:
             raise TypeError(f"cache key: {type(obj).__name__} has no field classification in specft/cache/key.py")
         optional = KEYED_WHEN_SET.get(type(obj), ())
         return {name: cache_key(getattr(obj, name)) for name in fields
-                if name not in optional or getattr(obj, name) is not None}
+                if name not in optional or getattr(obj, name) != _default(type(obj), name)}
     if isinstance(obj, (list, tuple)):
         return [cache_key(v) for v in obj]
     if isinstance(obj, dict):
         return {k: cache_key(v) for k, v in obj.items()}
     return obj
+
+
+def _default(cls: type, name: str) -> Any:
+    (f,) = [f for f in dataclasses.fields(cls) if f.name == name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -36,6 +36,7 @@ from specft.cache.manifest import (
 from specft.cache.storage import bytes_per_token, encode
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import Sample
+from specft.data.answer_engines import ANSWER_ENGINES
 from specft.disk import disk_full_line, format_bytes, is_disk_full
 from specft.errors import SpecftError
 from specft.progress import progress_bar
@@ -60,6 +61,7 @@ def build_provenance(cfg: RootConfig, tokenizer) -> dict:
         "data": cache_key(cfg.data),
         "dtype": cfg.cache.dtype,
         **FEATURE_ENGINES.get(cfg.cache.engine).provenance(cfg),
+        **ANSWER_ENGINES.get(cfg.data.regenerate.engine).provenance(cfg),
     }
 
 

@@ -65,6 +65,8 @@ def answer_key(provenance: dict) -> str:
     regen = {k: v for k, v in data.get("regenerate", {}).items() if k != "fraction"}
     fields = {name: provenance.get(name) for name in ("version", "checkpoint", "model", "quant", "tokenizer")}
     fields["data"] = {"thinking": data.get("thinking"), "regenerate": regen}
+    if provenance.get("answers"):  # a server's model (answer_engines.py); specft's own engine keeps old keys
+        fields["answers"] = provenance["answers"]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 

