@@ -5,28 +5,19 @@ stopped: it answers stage 1's prompts, its model is in the cache's key, and a se
 another model is caught by the token-id check."""
 
 import json
-import socket
 
 import pytest
 from test_bad_inputs import _refused
+from test_mistakes import _everything
 
 from specft.errors import ConfigError
+from specft.launch import free_port
 
 from conftest import run_cli
 from helpers import root_cfg
 
 llamacpp = pytest.mark.llamacpp
 SERVED = ["data.regenerate.enabled=true", "data.regenerate.engine=server", "data.regenerate.max_new_tokens=12"]
-
-
-def _everything(root) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
 @pytest.mark.parametrize("overrides, line", [
@@ -55,7 +46,7 @@ def test_the_answer_engine_keys_the_cache_only_when_it_is_a_server():
 
 
 def test_a_server_that_does_not_answer_is_one_line_and_nothing_is_written(tmp_path):
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens once its socket is closed
     args = ["cache", "model=tiny_qwen3", "data.num_samples=4", *SERVED, f"data.regenerate.server.url={url}",
             "data.regenerate.server.retries=1", "data.regenerate.server.connect_timeout_s=2"]
     line = _refused(run_cli(args, cwd=tmp_path, check=False), f"{url}/v1/models gave no usable answer after 2 tries",

@@ -70,8 +70,7 @@ def _server_answerer(rc: RegenerateConfig):
     from specft.data.answer_server import AnswerServer, check_tokens
     from specft.target_model.loader import stop_token_ids
 
-    server = AnswerServer(rc.server)
-    server.identity()
+    server = AnswerServer(rc.server)  # asks /v1/models once, at its first batch
 
     def answer(model, tokenizer, prompts, seed, synced):
         stops = stop_token_ids(tokenizer, model)
