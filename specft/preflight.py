@@ -105,9 +105,9 @@ def check_data(root: RootConfig, command: str) -> None:
     to the job."""
     import json
 
-    from specft.cache.key import cache_key
     from specft.data import check_data_files, load_conversations, mix_members
     from specft.data.sources import DATA_SOURCES
+    from specft.provenance.keys import cache_key
 
     data = root.data
     check_data_files(data)
@@ -158,9 +158,9 @@ def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None
     check_writable_places(root, command)
     check_data(root, command)
     if command != "eval":
-        from specft.cache.engines import FEATURE_ENGINES
+        from specft.runners import runner_for
 
-        FEATURE_ENGINES.get(root.cache.engine).check_ready(root)  # e.g. llama.cpp not installed
+        runner_for("features", root.cache.engine).check_ready(root)  # e.g. llama.cpp not installed
     if command == "train" and root.trainer.unrotate is not None:
         from specft.quant.rotation_source import served_rotation
 

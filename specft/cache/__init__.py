@@ -7,13 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specft.cache.engines import FEATURE_ENGINES
 from specft.cache.integrity import drop_damaged
 from specft.cache.manifest import atomic_write_json
 from specft.cache.reader import CacheReader, SourcesReader
 from specft.cache.writer import (
     CacheWriter,
-    build_provenance,
     cache_is_complete,
     merge_manifest,
     resolve_cache_dir,
@@ -23,6 +21,8 @@ from specft.cache.writer import (
 from specft.config import RootConfig
 from specft.errors import SpecftError
 from specft.launch import barrier
+from specft.provenance.build import build_provenance
+from specft.runners import runner_for
 
 if TYPE_CHECKING:
     from specft.target_model.sharding import PlacedTarget
@@ -81,8 +81,8 @@ def served_samples(cfg: RootConfig, target: ServedTarget, convs, regen_dir: Path
     it answered under the same target and settings); None where a sample is skipped or,
     with several data slices, another rank's."""
     from specft.data import tokenize_all
-    from specft.data.answer_store import answer_key
     from specft.data.regenerate import regenerate
+    from specft.provenance import answer_key
 
     p = target.placed
     if cfg.data.regenerate.enabled:
@@ -109,7 +109,7 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
         log.info("cache: reusing %s", cache_dir)
         return cache_dir
     barrier(world_size)  # every rank has checked before rank 0 may write a manifest
-    engine = FEATURE_ENGINES.get(cfg.cache.engine)
+    engine = runner_for("features", cfg.cache.engine)
     engine.check_ready(cfg)  # a missing engine is refused before anything is computed or written
     summary = DataSummary()
     convs = load_conversations(cfg.data, summary)

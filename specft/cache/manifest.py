@@ -7,7 +7,6 @@ cache directory; a cache built from different inputs is refused, naming the fiel
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -17,7 +16,6 @@ from typing import Any
 from specft.errors import SpecftError
 from specft.nested import flatten
 
-CACHE_VERSION = 1
 MANIFEST = "manifest.json"
 
 
@@ -37,16 +35,6 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8 text at all
         raise SpecftError(f"cache: cannot read {path}: {str(err).splitlines()[0][:200]}") from None
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items())
-    payload = json.dumps([vocab, tokenizer.chat_template or ""], ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def provenance_hash(provenance: dict) -> str:
-    return hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def provenance_diff(stored: dict, current: dict) -> list[str]:

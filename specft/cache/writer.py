@@ -21,48 +21,20 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specft.cache.engines import FEATURE_ENGINES
 from specft.cache.integrity import file_record
-from specft.cache.key import cache_key
-from specft.cache.manifest import (
-    CACHE_VERSION,
-    MANIFEST,
-    atomic_write_json,
-    check_provenance,
-    provenance_hash,
-    read_json,
-    tokenizer_fingerprint,
-)
+from specft.cache.manifest import MANIFEST, atomic_write_json, check_provenance, read_json
 from specft.cache.storage import bytes_per_token, encode
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import Sample
-from specft.data.answer_engines import ANSWER_ENGINES
 from specft.disk import disk_full_line, format_bytes, is_disk_full
 from specft.errors import SpecftError
 from specft.progress import progress_bar
+from specft.provenance import CACHE_VERSION, provenance_hash
 
 log = logging.getLogger(__name__)
 
 TARGET_HEAD = "target_head.safetensors"
 TOKEN_COUNTS = "token_counts.safetensors"
-
-
-def build_provenance(cfg: RootConfig, tokenizer) -> dict:
-    from specft.target_model.loader import checkpoint_fingerprint
-
-    m = cfg.model
-    return {
-        "version": CACHE_VERSION,
-        "checkpoint": checkpoint_fingerprint(m),
-        "model": cache_key(m),
-        "quant": cache_key(cfg.quant),
-        "aux_layer_ids": aux_layer_ids(m),
-        "tokenizer": tokenizer_fingerprint(tokenizer),
-        "data": cache_key(cfg.data),
-        "dtype": cfg.cache.dtype,
-        **FEATURE_ENGINES.get(cfg.cache.engine).provenance(cfg),
-        **ANSWER_ENGINES.get(cfg.data.regenerate.engine).provenance(cfg),
-    }
 
 
 def resolve_cache_dir(cfg: RootConfig, provenance: dict) -> Path:

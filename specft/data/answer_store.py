@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from specft.data.records import Conversation
+from specft.provenance import answer_key
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +56,6 @@ def append_store(path: Path, records: Iterable[dict]) -> None:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-def answer_key(provenance: dict) -> str:
-    """What the answers depend on, from a cache's provenance: everything but the choice
-    of conversations (data source, sample count, split, seed; those are in the
-    conversation's own digest) and the regenerated share (data.regenerate.fraction)."""
-    data = provenance.get("data", {})
-    regen = {k: v for k, v in data.get("regenerate", {}).items() if k != "fraction"}
-    fields = {name: provenance.get(name) for name in ("version", "checkpoint", "model", "quant", "tokenizer")}
-    fields["data"] = {"thinking": data.get("thinking"), "regenerate": regen}
-    if provenance.get("answers"):  # a server's model (answer_engines.py); specft's own engine keeps old keys
-        fields["answers"] = provenance["answers"]
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def conversation_digest(conv: Conversation) -> str:

@@ -23,7 +23,6 @@ import torch
 
 from specft.config import DataConfig, RegenerateConfig
 from specft.data import kept_text_positions
-from specft.data.answer_engines import ANSWER_ENGINES
 from specft.data.answer_store import (
     append_store,
     conversation_digest,
@@ -37,6 +36,7 @@ from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
 from specft.errors import SpecftError
 from specft.progress import progress_bar
+from specft.runners import runner_for
 
 log = logging.getLogger(__name__)
 
@@ -66,25 +66,30 @@ def read_all_answers(cache_dir: Path, convs: list[Conversation], world_size: int
 
 
 def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: DataConfig, seed: int,
-                          summary: DataSummary, lockstep, answer) -> tuple[list[Conversation], int]:
+                          summary: DataSummary, lockstep, answer) -> tuple[list[Conversation | None], int]:
     """Answer every assistant turn of ``convs`` in order, turn by turn across the batch,
-    with ``answer`` (the engine's, answer_engines.py)."""
+    with ``answer`` (the answers runner's, specft/runners/). A conversation whose answer the
+    engine cut short (None: a server's context ran out) is None: never stored as complete."""
     convs = [[dict(m) for m in c] for c in convs]
+    cut: set[int] = set()
     new_tokens = 0
     slot = 0
     while True:
-        rows = []  # (conversation, message position) of each conversation's slot-th answer
-        for c in convs:
+        rows = []  # (conversation number, message position) of each conversation's slot-th answer
+        for n, c in enumerate(convs):
             positions = [j for j, m in enumerate(c) if m["role"] == "assistant"]
-            if slot < len(positions):
-                rows.append((c, positions[slot]))
+            if slot < len(positions) and n not in cut:
+                rows.append((n, positions[slot]))
         if not rows:
-            return convs, new_tokens
-        prompts = [prompt_ids(tokenizer, c[:j], cfg.thinking) for c, j in rows]
+            return [None if n in cut else c for n, c in enumerate(convs)], new_tokens
+        prompts = [prompt_ids(tokenizer, convs[n][:j], cfg.thinking) for n, j in rows]
         lockstep.step(True)
         answers, capped = answer(model, tokenizer, prompts, seed + slot, lockstep.enabled)
-        for (c, j), ans, cap in zip(rows, answers, capped):
-            c[j]["content"] = tokenizer.decode(ans, skip_special_tokens=False).strip()
+        for (n, j), ans, cap in zip(rows, answers, capped):
+            if ans is None:
+                cut.add(n)
+                continue
+            convs[n][j]["content"] = tokenizer.decode(ans, skip_special_tokens=False).strip()
             new_tokens += len(ans)
             summary["regen_hit_max_new_tokens"] += int(cap)
         slot += 1
@@ -153,8 +158,8 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
             append_store(path, [{"index": i, "messages": c} for i, c in reused.items()])
         done.update(reused)
         pending = [i for i in pending if i not in reused]
-    t0, tokens = time.perf_counter(), 0
-    answer = ANSWER_ENGINES.get(rc.engine).answerer(rc) if pending else None
+    t0, tokens, cut = time.perf_counter(), 0, 0
+    answer = runner_for("answers", rc.engine).answerer(rc) if pending else None
     with progress_bar(len(mine), f"regenerate r{rank}", "conv", initial=len(mine) - len(pending)) as bar:
         for start in range(0, len(pending), rc.batch_size):
             batch = pending[start: start + rc.batch_size]
@@ -164,9 +169,11 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
             except SpecftError as err:  # a server gone, an answer cut: what is stored stays for the rerun
                 raise SpecftError(f"{err} ({len(done)} of this slice's {len(mine)} answers are stored in {path}; "
                                   "a rerun resumes from them)") from None
+            complete = {i: c for i, c in zip(batch, answered) if c is not None}
+            cut += len(batch) - len(complete)
             if writes:
-                append_store(path, [{"index": i, "messages": c} for i, c in zip(batch, answered)])
-            done.update(zip(batch, answered))
+                append_store(path, [{"index": i, "messages": c} for i, c in complete.items()])
+            done.update(complete)
             tokens += n
             bar.update(len(batch))
             bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.1f} tok/s", refresh=False)
@@ -177,6 +184,14 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
         # Integers, so a Counter sums them over ranks; the manifest's data_summary keeps them.
         summary["regen_new_tokens"] += tokens
         summary["regen_ms"] += round(1000 * spent)
+    if cut:
+        summary["regen_cut_by_engine"] += cut
+        raise SpecftError(f"data.regenerate: {cut} of {len(pending)} conversations got an answer cut short by "
+                          f"the engine (it stopped before data.regenerate.max_new_tokens={rc.max_new_tokens} "
+                          "tokens without a stop token: a server's context per request is full); none of them "
+                          f"is stored, the other {len(done)} of this slice's {len(mine)} answers are, in {path}. "
+                          "Give each server slot a context of at least data.max_seq_len + max_new_tokens and "
+                          "rerun: it resumes")
     summary["regenerated"] += len(mine)
     if kept:
         summary["kept_fixed_text"] += len(kept)

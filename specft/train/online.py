@@ -32,7 +32,7 @@ from specft.data.records import Conversation
 from specft.data.regenerate import read_all_answers
 from specft.errors import SpecftError
 from specft.launch import barrier
-from specft.target_model import FeatureCapture
+from specft.runners import runner_for
 from specft.target_model.loader import target_facts
 from specft.target_model.sharding import editing
 
@@ -57,7 +57,7 @@ class OnlineFeatures:
         self._epoch_views: dict[int, OnlineFeatures] = {}
         self.cache_dir = name  # what error lines name in place of a cache directory
         self.indices = [i for i, s in enumerate(samples) if s is not None]
-        self.capture = FeatureCapture(target.model, aux_layer_ids(cfg.model))
+        self.capture = runner_for("features", cfg.cache.engine).capture(cfg, target.model)
         self.pad_id = target.tokenizer.pad_token_id
         # A sharded target's forward is a collective: every rank must read as many samples.
         self.collective = target.placed.lockstep.enabled or target.placed.data_world < world_size
@@ -126,8 +126,8 @@ def _answers_dir(cfg: RootConfig, name: str, tokenizer) -> Path:
     """Where the target's regenerated answers for ``cfg``'s data are kept, named by what
     a cache of them would be named by (model, quant, data...): answers to other data or
     from another target are never resumed from."""
-    from specft.cache.manifest import provenance_hash
-    from specft.cache.writer import build_provenance
+    from specft.provenance import provenance_hash
+    from specft.provenance.build import build_provenance
 
     provenance = build_provenance(cfg, tokenizer)  # the loaded tokenizer: no second load
     return Path(cfg.run_dir) / "online" / f"{name}-{provenance_hash(provenance)}"

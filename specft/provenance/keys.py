@@ -5,7 +5,7 @@ every new field (a logging option, a validation knob) re-key every existing cach
 silently recompute it. So each dataclass whose values reach the provenance lists its
 fields here, keyed or not (with the reason), and tests/test_cache_key.py fails when a
 field is added without being classified. A change to what the cached numbers mean bumps
-CACHE_VERSION (cache/manifest.py) instead.
+CACHE_VERSION (provenance/__init__.py) instead.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ NOT_KEYED: dict[type, dict[str, str]] = {
     DataConfig: {"keep_text": "only a data.mix member sets it (validated), and members are keyed as written"},
     RegenerateConfig: {"reuse": "reused answers are the same target's answers under the same settings",
                        "server": "where the server is and how it is called; what it serves is keyed as the "
-                                 "provenance's answers (data/answer_engines.py)"},
+                                 "provenance's answers (runners/server.py)"},
     # Only conf/quant/checkpoint.yaml sets it, whose name is keyed; what the checkpoint
     # quantizes is in the checkpoint fingerprint (its config.json and weight files).
     # Keying it would rename every existing cache.
@@ -69,7 +69,7 @@ def cache_key(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         fields = KEYED.get(type(obj))
         if fields is None:
-            raise TypeError(f"cache key: {type(obj).__name__} has no field classification in specft/cache/key.py")
+            raise TypeError(f"cache key: {type(obj).__name__} has no field classification in specft/provenance/keys.py")
         optional = KEYED_WHEN_SET.get(type(obj), ())
         return {name: cache_key(getattr(obj, name)) for name in fields
                 if name not in optional or getattr(obj, name) != _default(type(obj), name)}

@@ -1,11 +1,13 @@
-"""cache.engine: what computes stage 1's features. The refusals run in the default suite;
-the llama.cpp engine itself is in tests/test_llamacpp.py (marked `llamacpp`)."""
+"""The target runners (specft/runners/): one registry of the ways of running the target,
+each doing answers (data.regenerate.engine), features (cache.engine) or both. The
+refusals run in the default suite; the llama.cpp engine itself is in
+tests/test_llamacpp.py, a real llama-server answering in tests/test_answer_server.py."""
 
 import pytest
 from test_gguf_checkpoints import gguf_file
 
-from specft.cache.engines import FEATURE_ENGINES
 from specft.errors import ConfigError
+from specft.runners import TARGET_RUNNERS, runner_for
 
 from helpers import root_cfg
 
@@ -14,16 +16,24 @@ GGUF = ("model=hf", f"model.path={gguf_file('Q8_0')}", "quant=checkpoint")
 DFLASH = ("draft=dflash", "model.aux_layer_ids=[0,1]")
 
 
-def test_the_engines_are_a_registry():
-    assert FEATURE_ENGINES.names == ["llamacpp", "torch"]
-    with pytest.raises(ConfigError, match=r"cache.engine: unknown stage-1 feature engine 'vllm'; allowed: llamacpp, torch"):
+def test_the_runners_are_one_registry_and_each_field_takes_those_with_its_role():
+    assert TARGET_RUNNERS.names == ["llamacpp", "server", "specft", "torch"]
+    assert TARGET_RUNNERS.get("torch") is TARGET_RUNNERS.get("specft")  # cache.engine's older name
+    with pytest.raises(ConfigError, match=r"cache.engine: unknown target runner 'vllm'; allowed: llamacpp, server, "
+                                          r"specft, torch"):
         root_cfg("cache.engine=vllm")
+    with pytest.raises(ConfigError, match=r"cache.engine: the target runner 'server' does not do features; those "
+                                          r"that do: llamacpp, specft, torch"):
+        root_cfg("cache.engine=server")
+    with pytest.raises(ConfigError, match=r"data.regenerate.engine: the target runner 'llamacpp' does not do "
+                                          r"answers; those that do: server, specft, torch"):
+        root_cfg("data.regenerate.enabled=true", "data.regenerate.engine=llamacpp")
 
 
 def test_the_torch_engine_leaves_the_cache_name_as_it_was():
     """Caches built before cache.engine existed keep their provenance (and so their path)."""
-    assert FEATURE_ENGINES.get("torch").provenance(root_cfg(*GGUF, *DFLASH)) == {}
-    assert FEATURE_ENGINES.get("llamacpp").provenance(root_cfg(*GGUF, *DFLASH, "cache.engine=llamacpp")) == \
+    assert runner_for("features", "torch").provenance(root_cfg(*GGUF, *DFLASH)) == {}
+    assert runner_for("features", "llamacpp").provenance(root_cfg(*GGUF, *DFLASH, "cache.engine=llamacpp")) == \
         {"engine": "llamacpp"}
 
 

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible server that answers regeneration's prompts (data.regenerate.engine
+"""The client of an OpenAI-compatible server that answers regeneration's prompts (data.regenerate.engine
 =server): llama-server, vLLM or SGLang serving the checkpoint, so the answers come from the
 served model's own kernels, at the engine's speed.
 

@@ -1,46 +1,18 @@
-"""Where stage 1's features come from (cache.engine): one entry per engine, each a check
-run before anything is written and the capture the cache writer calls per batch."""
+"""llama.cpp's own library computing stage 1's features for a GGUF target
+(cache.engine=llamacpp): specft-llama-probe hands out what llama.cpp feeds an EAGLE-3 draft."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specft.config import RootConfig, aux_layer_ids
 from specft.errors import ConfigError
-from specft.registry import Registry
-
-
-@dataclass(frozen=True)
-class FeatureEngine:
-    # Refuses a config this engine cannot serve, in one line (config time, nothing loaded).
-    validate: Callable[[RootConfig], None]
-    # Fails in one line when the engine is missing on this machine (before any work).
-    check_ready: Callable[[RootConfig], None]
-    # (cfg, the served torch model) -> capture(input_ids, attention_mask) -> (aux, final)
-    capture: Callable[[RootConfig, torch.nn.Module], Callable]
-    # What the features depend on beyond the target, data and quant config: part of the
-    # cache's provenance (empty for torch, so its caches keep their names).
-    provenance: Callable[[RootConfig], dict]
-
+from specft.runners import TARGET_RUNNERS, FeatureRole, TargetRunner
 
 log = logging.getLogger(__name__)
-
-FEATURE_ENGINES: Registry[FeatureEngine] = Registry("stage-1 feature engine")
-
-
-def _torch_capture(cfg: RootConfig, model):
-    from specft.target_model import FeatureCapture
-
-    return FeatureCapture(model, aux_layer_ids(cfg.model))
-
-
-FEATURE_ENGINES.register("torch")(FeatureEngine(
-    validate=lambda cfg: None, check_ready=lambda cfg: None, capture=_torch_capture, provenance=lambda cfg: {}))
 
 
 def _gguf_target(cfg: RootConfig) -> Path:
@@ -49,7 +21,7 @@ def _gguf_target(cfg: RootConfig) -> Path:
     return gguf_path(Path(cfg.model.path).expanduser())
 
 
-def _validate_llamacpp(cfg: RootConfig) -> None:
+def _validate(cfg: RootConfig) -> None:
     where = "cache.engine=llamacpp"
     path = cfg.model.path or ""
     if cfg.quant.name != "checkpoint" or not (path.endswith(".gguf") or Path(path).expanduser().is_dir()):
@@ -67,14 +39,14 @@ def _validate_llamacpp(cfg: RootConfig) -> None:
                           f"{last}")
 
 
-def _check_llamacpp(cfg: RootConfig) -> None:
+def _check_ready(cfg: RootConfig) -> None:
     from specft.llamacpp.probe import probe_binary
 
     _gguf_target(cfg)  # a folder of several GGUFs is refused here
     probe_binary()
 
 
-def _llamacpp_capture(cfg: RootConfig, model):
+def _capture(cfg: RootConfig, model):
     from specft.llamacpp.features import LlamaCppCapture
     from specft.llamacpp.install import install_record
 
@@ -84,6 +56,7 @@ def _llamacpp_capture(cfg: RootConfig, model):
     return LlamaCppCapture(_gguf_target(cfg), aux_layer_ids(cfg.model), threads=torch.get_num_threads())
 
 
-FEATURE_ENGINES.register("llamacpp")(FeatureEngine(
-    validate=_validate_llamacpp, check_ready=_check_llamacpp, capture=_llamacpp_capture,
-    provenance=lambda cfg: {"engine": "llamacpp"}))
+TARGET_RUNNERS.register("llamacpp")(TargetRunner(
+    "llama.cpp's library (specft-llama-probe) on the GGUF in model.path",
+    features=FeatureRole(validate=_validate, check_ready=_check_ready, capture=_capture,
+                         provenance=lambda cfg: {"engine": "llamacpp"})))
