@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quant_alignment import rate_cell
-from steps import SHARED, Steps, prompt_set
+from steps import Steps, add_data_options, prompt_set
 
 SCRIPTS = Path(__file__).resolve().parent
 QUANT = "mxfp4"
@@ -223,9 +223,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", default="3,4,5", help="draft lengths evaluated (each is one decode of every prompt)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sharegpt-val-fraction", type=float, default=0.3)
-    p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
-    p.add_argument("--sharegpt", type=Path, default=SHARED / "sharegpt_sample" / "conversations.json")
+    add_data_options(p)
     return p
 
 

@@ -16,7 +16,8 @@ Parts (each resumes; run them in this order):
             each engine its own lane to run the two side by side (--lanes 'train:specft;
             train:server', one core each): every wall is measured on equal terms.
     eval    one `specft eval` per held-out set (GSM8K 128 prompts, MT-Bench 80) decodes
-            both drafts on the GGUF target: paired differences with 95% CIs.
+            both drafts on the GGUF target: paired differences with 95% CIs (eval:gsm8k
+            and eval:mtbench run one set each, e.g. as two lanes).
 
 Then summary.json / summary.md: the speed table, how often and where the served answers
 part from specft's (first differing token of each answer, re-tokenized by the target's
@@ -24,7 +25,7 @@ tokenizer; the share identical), both drafts' acceptance and every wall.
 
     python scripts/served_answers.py --gguf smollm2-Q4_K_M.gguf --out-dir runs/served --parts speed
     python scripts/served_answers.py --gguf ... --out-dir runs/served --lanes 'train:specft;train:server'
-    python scripts/served_answers.py --gguf ... --out-dir runs/served --parts eval
+    python scripts/served_answers.py --gguf ... --out-dir runs/served --lanes 'eval:gsm8k;eval:mtbench'
 
 llama-server comes from `make llamacpp` ($SPECFT_LLAMACPP).
 """
@@ -39,7 +40,7 @@ import sys
 from pathlib import Path
 
 from quant_alignment import rate_cell
-from steps import SHARED, Steps, gsm8k_sharegpt_mix, prompt_set, run_lanes
+from steps import Steps, add_data_options, gsm8k_sharegpt_mix, prompt_set, run_lanes
 
 SCRIPTS = Path(__file__).resolve().parent
 ENGINES = ("specft", "server")
@@ -165,10 +166,14 @@ def train(a: argparse.Namespace, engine: str) -> None:
         steps.run(f"train, answers by {engine}", args, done)
 
 
-def evaluate(a: argparse.Namespace) -> None:
+EVAL_SETS = ("gsm8k", "mtbench")
+
+
+def evaluate(a: argparse.Namespace, sets: tuple[str, ...]) -> None:
     steps = Steps(a.out_dir.resolve(), "walls-eval.json")
     drafts = [(f"answers_{e}", run_dir(a, e)) for e in ENGINES]
-    for data, prompts in (("gsm8k", a.eval_prompts), ("mtbench", 80)):
+    for data in sets:
+        prompts = a.eval_prompts if data == "gsm8k" else 80  # MT-Bench: all of it
         out = a.out_dir.resolve() / f"eval-{data}"
         args = ["eval", *target(a), *prompt_set(data, a.gsm8k, a.sharegpt, a.sharegpt_val_fraction),
                 f"eval.num_prompts={prompts}", "eval.max_new_tokens=64", "eval.k=[3,4,5]", "eval.batch_sizes=[16]",
@@ -259,7 +264,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gguf", type=Path, required=True, help="the target as llama.cpp serves it")
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--parts", default="speed,train:specft,train:server,eval",
-                   help="speed, train:specft, train:server, eval, comma-separated")
+                   help="speed, train:specft, train:server, eval (eval:gsm8k, eval:mtbench), comma-separated")
     p.add_argument("--lanes", default=None, help="';'-separated groups of parts run side by side")
     p.add_argument("--slots", type=int, default=16, help="llama-server's parallel slots (and requests in flight)")
     p.add_argument("--speed-gsm8k", type=int, default=96)
@@ -271,9 +276,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=480)
     p.add_argument("--eval-prompts", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sharegpt-val-fraction", type=float, default=0.3)
-    p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
-    p.add_argument("--sharegpt", type=Path, default=SHARED / "sharegpt_sample" / "conversations.json")
+    add_data_options(p)
     return p
 
 
@@ -288,10 +291,11 @@ def main() -> None:
                 speed(a, Steps(a.out_dir, "walls-speed.json"))
             elif part.startswith("train:") and part[len("train:"):] in ENGINES:
                 train(a, part[len("train:"):])
-            elif part == "eval":
-                evaluate(a)
+            elif part == "eval" or part.startswith("eval:") and part[len("eval:"):] in EVAL_SETS:
+                evaluate(a, EVAL_SETS if part == "eval" else (part[len("eval:"):],))
             else:
-                raise SystemExit(f"--parts: unknown part {part!r}; known: speed, train:specft, train:server, eval")
+                raise SystemExit(f"--parts: unknown part {part!r}; known: speed, train:specft, train:server, eval, "
+                                 "eval:gsm8k, eval:mtbench")
     print(markdown(summarize(a)))
 
 

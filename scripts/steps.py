@@ -30,6 +30,14 @@ def gsm8k_sharegpt_mix(gsm8k: Path, gsm8k_samples: int, sharegpt: Path, sharegpt
     return f"data.mix=[{','.join(members)}]"
 
 
+def add_data_options(p) -> None:
+    """The options every study names its data with: the GSM8K train and ShareGPT-sample
+    files (default: ../shared/data) and the ShareGPT sample's held-out share."""
+    p.add_argument("--sharegpt-val-fraction", type=float, default=0.3)
+    p.add_argument("--gsm8k", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
+    p.add_argument("--sharegpt", type=Path, default=SHARED / "sharegpt_sample" / "conversations.json")
+
+
 def prompt_set(name: str, gsm8k: Path, sharegpt: Path, sharegpt_val_fraction: float) -> list[str]:
     """The data overrides of an eval prompt set: the held-out side of a training source
     (gsm8k, sharegpt), all of MT-Bench (mtbench: 80 questions from neither training

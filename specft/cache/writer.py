@@ -44,6 +44,33 @@ def resolve_cache_dir(cfg: RootConfig, provenance: dict) -> Path:
     return (Path(cfg.cache.root).expanduser() / name).resolve()
 
 
+def answered_cache_provenance(cfg: RootConfig, provenance: dict, unreachable: SpecftError) -> dict:
+    """The provenance of the one finished cache of this config whose answers came from a
+    runner that does not answer now (a server that is down): reading a finished cache
+    needs no answers, only their identity, which its manifest keeps. ``provenance``: this
+    config's, less that identity. Anything else re-raises ``unreachable``."""
+    if cfg.cache.dir:
+        candidates = [Path(cfg.cache.dir).expanduser() / MANIFEST]
+    else:
+        candidates = sorted(Path(cfg.cache.root).expanduser().glob(f"{cfg.model.name}-{cfg.quant.name}-*/{MANIFEST}"))
+    found = []
+    for path in candidates:
+        stored = read_json(path) if path.exists() else {}
+        theirs = stored.get("provenance", {})
+        if stored.get("complete") and "answers" in theirs and \
+                {k: v for k, v in theirs.items() if k != "answers"} == provenance:
+            found.append(theirs)
+    if len(found) != 1:
+        if found:
+            names = ", ".join(str(p["answers"].get("model")) for p in found)
+            raise SpecftError(f"{unreachable}; {len(found)} finished caches of this config were answered by "
+                              f"servers ({names}): start the one whose answers you mean") from None
+        raise unreachable
+    log.info("cache: the answers' server does not answer; reading the finished cache it answered (%s)",
+             found[0]["answers"].get("model"))
+    return found[0]
+
+
 def shard_name(rank: int, index: int) -> str:
     return f"shard-r{rank:03d}-{index:06d}.safetensors"
 

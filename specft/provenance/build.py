@@ -9,7 +9,9 @@ from specft.provenance.keys import cache_key
 from specft.runners import role_provenance
 
 
-def build_provenance(cfg: RootConfig, tokenizer) -> dict:
+def build_provenance(cfg: RootConfig, tokenizer, answers: bool = True) -> dict:
+    """``answers=False``: without the answers' identity (a server that is down cannot
+    give it; cache.locate_cache then looks for the finished cache it answered)."""
     from specft.target_model.loader import checkpoint_fingerprint
 
     m = cfg.model
@@ -22,7 +24,7 @@ def build_provenance(cfg: RootConfig, tokenizer) -> dict:
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "data": cache_key(cfg.data),
         "dtype": cfg.cache.dtype,
-        **role_provenance(cfg),
+        **role_provenance(cfg, answers),
     }
 
 

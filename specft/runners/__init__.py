@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specft.config import RootConfig
-from specft.errors import ConfigError
+from specft.errors import ConfigError, SpecftError
 from specft.registry import Registry
 
 
@@ -70,10 +70,14 @@ def runner_for(role: str, name: str) -> AnswerRole | FeatureRole:
     return part
 
 
-def role_provenance(cfg: RootConfig) -> dict:
-    """What the features' and the answers' runners add to the cache's provenance."""
-    return {**runner_for("features", cfg.cache.engine).provenance(cfg),
-            **runner_for("answers", cfg.data.regenerate.engine).provenance(cfg)}
+def role_provenance(cfg: RootConfig, answers: bool = True) -> dict:
+    """What the features' and (``answers``) the answers' runners add to the cache's provenance."""
+    added = runner_for("features", cfg.cache.engine).provenance(cfg)
+    return {**added, **runner_for("answers", cfg.data.regenerate.engine).provenance(cfg)} if answers else added
+
+
+class RunnerUnreachable(SpecftError):
+    """A runner that must be asked who it is (a server) does not answer."""
 
 
 # Registrations (after the interface they fill in).

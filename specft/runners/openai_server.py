@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from specft.config import AnswerServerConfig, RegenerateConfig
 from specft.errors import SpecftError
+from specft.runners import RunnerUnreachable
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
@@ -61,25 +62,26 @@ class AnswerServer:
         """One call, retried ``retries`` times with doubling waits on a dropped connection
         or a 429/5xx; anything else, or the last failure, is one line."""
         data = json.dumps(body).encode() if body is not None else None
-        wait, failure = 1.0, ""
+        wait, failure, unreachable = 1.0, "", False
         for attempt in range(self.cfg.retries + 1):
             request = urllib.request.Request(self.base + path, data=data, headers=self._headers())
             try:
                 with urllib.request.urlopen(request, timeout=timeout) as response:
                     return json.loads(response.read())
             except urllib.error.HTTPError as err:
-                failure = f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}"
+                failure, unreachable = f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}", False
                 if err.code not in RETRY_STATUS:
                     break
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
-                failure = str(getattr(err, "reason", err))
+                failure, unreachable = str(getattr(err, "reason", err)), True
             except ValueError as err:  # not JSON
                 failure = f"not a JSON answer ({err})"
                 break
             if attempt < self.cfg.retries:
                 time.sleep(wait)
                 wait *= 2
-        raise SpecftError(f"data.regenerate.server: {self.base}{path} gave no usable answer after "
+        raise (RunnerUnreachable if unreachable else SpecftError)(
+            f"data.regenerate.server: {self.base}{path} gave no usable answer after "
                           f"{self.cfg.retries + 1} tries ({failure[:300]}); is the server up at "
                           "data.regenerate.server.url?")
 
