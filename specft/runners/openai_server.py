@@ -5,7 +5,7 @@ served model's own kernels, at the engine's speed.
 Prompts go to /v1/completions as token ids, rendered by specft with the target's chat
 template: the answer continues exactly the prompt stage 1 caches, and the server's own
 template is never involved. The answer's token ids come back with it (vLLM:
-``return_token_ids``; llama-server: the ids of its ``n_probs`` entries), and must decode,
+``return_token_ids``; llama-server: ``return_tokens``, in ``__verbose``), and must decode,
 with specft's tokenizer, to the text the server wrote: a server with another model or
 tokenizer fails that check at its first answer. Requests run ``concurrency`` at a time
 (the server batches them), each retried with backoff on a dropped connection or a 5xx.
@@ -112,14 +112,17 @@ class AnswerServer:
                 "temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k, "min_p": 0.0,
                 "seed": seed, "stream": False,
                 "return_token_ids": True,  # vLLM
-                "n_probs": 1}  # llama-server: the sampled tokens' ids come with their probabilities
+                # llama-server: every generated id in __verbose.tokens (its n_probs entries
+                # leave out the tokens inside a multi-byte character)
+                "return_tokens": True, "verbose": True}
         out = self._request("/v1/completions", body, self.cfg.timeout_s)
         try:
             choice = out["choices"][0]
         except (KeyError, IndexError, TypeError):
             raise SpecftError(f"data.regenerate.server: {self.base}/v1/completions answered without choices: "
                               f"{json.dumps(out)[:200]}") from None
-        return ServedAnswer(_token_ids(choice, self.base), choice.get("text") or "", choice.get("finish_reason") or "")
+        return ServedAnswer(_token_ids(out, choice, self.base), choice.get("text") or "",
+                            choice.get("finish_reason") or "")
 
     def answer(self, prompts: list[list[int]], rc: RegenerateConfig, seed: int) -> list[ServedAnswer]:
         """Every prompt's answer, in order; row i sampled with seed + i."""
@@ -129,15 +132,15 @@ class AnswerServer:
             return list(pool.map(lambda item: self._complete(item[1], rc, seed + item[0]), enumerate(prompts)))
 
 
-def _token_ids(choice: dict, base: str) -> list[int]:
+def _token_ids(out: dict, choice: dict, base: str) -> list[int]:
     if isinstance(choice.get("token_ids"), list):  # vLLM's return_token_ids
         return [int(t) for t in choice["token_ids"]]
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
-    if isinstance(content, list) and all(isinstance(e, dict) and "id" in e for e in content):
-        return [int(e["id"]) for e in content]  # llama-server's n_probs entries
+    verbose = out.get("__verbose")
+    if isinstance(verbose, dict) and isinstance(verbose.get("tokens"), list):  # llama-server's return_tokens
+        return [int(t) for t in verbose["tokens"]]
     raise SpecftError(f"data.regenerate.server: {base} returns no token ids with its answers (vLLM: "
-                      "return_token_ids, llama-server: n_probs), so they cannot be checked against specft's "
-                      "tokenizer; serve with vLLM, SGLang or llama-server")
+                      "return_token_ids, llama-server: return_tokens with verbose), so they cannot be checked "
+                      "against specft's tokenizer; serve with vLLM, SGLang or llama-server")
 
 
 def check_tokens(answer: ServedAnswer, tokenizer, where: str) -> None:
