@@ -88,7 +88,7 @@ class AnswerServer:
     def identity(self) -> dict:
         """What serves the answers (part of the cache's key): the model's name, and the
         facts the server gives about it (llama-server: its vocabulary, size and parameter
-        count; vLLM: its root checkpoint and context length)."""
+        count; vLLM: its root checkpoint)."""
         listing = self._request("/v1/models", None, self.cfg.connect_timeout_s)
         models = listing.get("data") or []
         if not models:
@@ -100,9 +100,12 @@ class AnswerServer:
         if chosen is None:
             raise SpecftError(f"data.regenerate.server.model: {self._model!r} is not served at {self.base} "
                               f"(it serves: {', '.join(map(str, names))})")
-        facts = {k: chosen[k] for k in ("root", "max_model_len", "owned_by") if k in chosen}
+        # The model, not how it is served: a context size (vLLM's max_model_len,
+        # llama-server's n_ctx) changes no complete answer, and a server restarted with a
+        # larger one to answer what it cut must resume the same store.
+        facts = {k: chosen[k] for k in ("root", "owned_by") if k in chosen}
         if isinstance(chosen.get("meta"), dict):
-            facts["meta"] = chosen["meta"]
+            facts["meta"] = {k: v for k, v in chosen["meta"].items() if k != "n_ctx"}
         return {"engine": "server", "model": self._model, **facts}
 
     def _complete(self, prompt: list[int], rc: RegenerateConfig, seed: int) -> ServedAnswer:
