@@ -176,7 +176,7 @@ def evaluate(a: argparse.Namespace, sets: tuple[str, ...]) -> None:
         prompts = a.eval_prompts if data == "gsm8k" else 80  # MT-Bench: all of it
         out = a.out_dir.resolve() / f"eval-{data}"
         args = ["eval", *target(a), *prompt_set(data, a.gsm8k, a.sharegpt, a.sharegpt_val_fraction),
-                f"eval.num_prompts={prompts}", "eval.max_new_tokens=64", "eval.k=[3,4,5]", "eval.batch_sizes=[16]",
+                f"eval.num_prompts={prompts}", "eval.max_new_tokens=64", f"eval.k=[{a.k}]", "eval.batch_sizes=[16]",
                 f"eval.drafts=[{','.join(str(p) for _, p in drafts)}]",
                 f"eval.labels=[{','.join(label for label, _ in drafts)}]", "eval.target_alone=false",
                 f"eval.out_dir={out}", f"run_dir={drafts[-1][1]}"]
@@ -275,6 +275,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=480)
     p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--k", default="3,4,5", help="draft lengths evaluated (each is one decode of every prompt)")
     p.add_argument("--seed", type=int, default=0)
     add_data_options(p)
     return p

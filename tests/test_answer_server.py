@@ -172,7 +172,8 @@ def test_vllm_serve_answers_as_specfts_engine_does_on_the_same_float32_weights(t
 
     from specft.target_model.loader import MODEL_SOURCES
 
-    tiny = ["model=tiny_qwen3", "model.head_dim=32", "model.dtype=float32"]  # vLLM's CPU attention: head size 32+
+    # vLLM's CPU attention takes head sizes 32+; no quantization on either side
+    tiny = ["model=tiny_qwen3", "model.head_dim=32", "model.dtype=float32", "quant=bf16"]
     model_dir, _ = MODEL_SOURCES.get("tiny")(root_cfg(*tiny).model)
     port, log = free_port(), open(tmp_path / "vllm.log", "w")
     server = subprocess.Popen([str(_vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
