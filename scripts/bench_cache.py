@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from specft.cache.writer import CacheWriter, _pad_batch, build_provenance
+from specft.cache.writer import CacheWriter, _pad_batch
 from specft.config import aux_layer_ids
 from specft.data import DataSummary, load_conversations, tokenize_all
+from specft.provenance.build import build_provenance
 from specft.quant import apply_quant
 from specft.target_model import FeatureCapture, load_target, load_tokenizer
 
