@@ -173,7 +173,7 @@ def evaluate(a: argparse.Namespace, sets: tuple[str, ...]) -> None:
     steps = Steps(a.out_dir.resolve(), "walls-eval.json")
     drafts = [(f"answers_{e}", run_dir(a, e)) for e in ENGINES]
     for data in sets:
-        prompts = a.eval_prompts if data == "gsm8k" else 80  # MT-Bench: all of it
+        prompts = a.eval_prompts if data == "gsm8k" else a.mtbench_prompts
         out = a.out_dir.resolve() / f"eval-{data}"
         args = ["eval", *target(a), *prompt_set(data, a.gsm8k, a.sharegpt, a.sharegpt_val_fraction),
                 f"eval.num_prompts={prompts}", "eval.max_new_tokens=64", f"eval.k=[{a.k}]", "eval.batch_sizes=[16]",
@@ -274,7 +274,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=480)
-    p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--eval-prompts", type=int, default=128, help="held-out GSM8K prompts")
+    p.add_argument("--mtbench-prompts", type=int, default=80, help="MT-Bench questions (80: all)")
     p.add_argument("--k", default="3,4,5", help="draft lengths evaluated (each is one decode of every prompt)")
     p.add_argument("--seed", type=int, default=0)
     add_data_options(p)
