@@ -104,11 +104,11 @@ def only_cache(root: Path) -> Path:
 
 def answers_of(cache_dir: Path) -> dict[int, list[str]]:
     """Each stored conversation's answers (assistant turns), by sample index."""
+    from specft.data.answer_store import load_store
+
     out = {}
     for path in sorted(cache_dir.glob("regenerated-r*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
-            out[int(rec["index"])] = [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
+        out.update({i: [m["content"] for m in conv if m["role"] == "assistant"] for i, conv in load_store(path).items()})
     return out
 
 

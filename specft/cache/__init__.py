@@ -22,7 +22,7 @@ from specft.cache.writer import (
 from specft.config import RootConfig
 from specft.errors import SpecftError
 from specft.launch import barrier
-from specft.provenance.build import build_provenance
+from specft.provenance.build import build_provenance, with_answers
 from specft.runners import RunnerUnreachable, runner_for
 
 if TYPE_CHECKING:
@@ -43,10 +43,11 @@ def locate_cache(cfg: RootConfig):
     from specft.target_model import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
+    base = build_provenance(cfg, tokenizer, answers=False)
     try:
-        provenance = build_provenance(cfg, tokenizer)
+        provenance = with_answers(cfg, base)
     except RunnerUnreachable as err:  # a server that wrote the answers is down
-        provenance = answered_cache_provenance(cfg, build_provenance(cfg, tokenizer, answers=False), err)
+        provenance = answered_cache_provenance(cfg, base, err)
     return resolve_cache_dir(cfg, provenance), provenance, tokenizer
 
 
@@ -79,18 +80,19 @@ def serve_target(cfg: RootConfig, rank: int, world_size: int, convs, tokenizer) 
     return ServedTarget(placed, report, tokenizer)
 
 
-def served_samples(cfg: RootConfig, target: ServedTarget, convs, regen_dir: Path, summary) -> list:
+def served_samples(cfg: RootConfig, target: ServedTarget, convs, regen_dir: Path, summary,
+                   provenance: dict) -> list:
     """The data's samples as the target serves them: its own answers first when
     data.regenerate is on (resumable, kept in ``regen_dir``, reusing what caches next to
-    it answered under the same target and settings); None where a sample is skipped or,
-    with several data slices, another rank's."""
+    it answered under the same target and settings, by ``provenance``'s answer key); None
+    where a sample is skipped or, with several data slices, another rank's."""
     from specft.data import tokenize_all
     from specft.data.regenerate import regenerate
     from specft.provenance import answer_key
 
     p = target.placed
     if cfg.data.regenerate.enabled:
-        key = answer_key(build_provenance(cfg, target.tokenizer))
+        key = answer_key(provenance)
         convs = regenerate(target.model, target.tokenizer, convs, cfg.data, regen_dir, p.data_rank,
                            p.data_world, summary, p.writer, p.lockstep, answer_key=key)
     return tokenize_all(convs, target.tokenizer, cfg.data, summary)
@@ -119,7 +121,7 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
     convs = load_conversations(cfg.data, summary)
     target = serve_target(cfg, rank, world_size, convs, tokenizer)
     placed, model = target.placed, target.model
-    samples = served_samples(cfg, target, convs, cache_dir, summary)
+    samples = served_samples(cfg, target, convs, cache_dir, summary, provenance)
     data_report(summary)
     capture = engine.capture(cfg, model)
     CacheWriter(cfg, cache_dir, provenance, placed.data_rank, placed.data_world, placed.writer,

@@ -6,16 +6,17 @@ from __future__ import annotations
 from specft.config import RootConfig, aux_layer_ids
 from specft.provenance import CACHE_VERSION, tokenizer_fingerprint
 from specft.provenance.keys import cache_key
-from specft.runners import role_provenance
+from specft.runners import runner_for
 
 
 def build_provenance(cfg: RootConfig, tokenizer, answers: bool = True) -> dict:
-    """``answers=False``: without the answers' identity (a server that is down cannot
-    give it; cache.locate_cache then looks for the finished cache it answered)."""
+    """``answers=False``: without the answers' identity (with_answers adds it; a server
+    that is down cannot give it, and cache.locate_cache then looks for the finished cache
+    it answered)."""
     from specft.target_model.loader import checkpoint_fingerprint
 
     m = cfg.model
-    return {
+    provenance = {
         "version": CACHE_VERSION,
         "checkpoint": checkpoint_fingerprint(m),
         "model": cache_key(m),
@@ -24,7 +25,11 @@ def build_provenance(cfg: RootConfig, tokenizer, answers: bool = True) -> dict:
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "data": cache_key(cfg.data),
         "dtype": cfg.cache.dtype,
-        **role_provenance(cfg, answers),
+        **runner_for("features", cfg.cache.engine).provenance(cfg),
     }
+    return with_answers(cfg, provenance) if answers else provenance
 
 
+def with_answers(cfg: RootConfig, provenance: dict) -> dict:
+    """``provenance`` with what the answers' runner adds (a server: its identity, asked of it)."""
+    return {**provenance, **runner_for("answers", cfg.data.regenerate.engine).provenance(cfg)}

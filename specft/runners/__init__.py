@@ -70,12 +70,6 @@ def runner_for(role: str, name: str) -> AnswerRole | FeatureRole:
     return part
 
 
-def role_provenance(cfg: RootConfig, answers: bool = True) -> dict:
-    """What the features' and (``answers``) the answers' runners add to the cache's provenance."""
-    added = runner_for("features", cfg.cache.engine).provenance(cfg)
-    return {**added, **runner_for("answers", cfg.data.regenerate.engine).provenance(cfg)} if answers else added
-
-
 class RunnerUnreachable(SpecftError):
     """A runner that must be asked who it is (a server) does not answer."""
 

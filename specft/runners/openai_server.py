@@ -81,9 +81,8 @@ class AnswerServer:
                 time.sleep(wait)
                 wait *= 2
         raise (RunnerUnreachable if unreachable else SpecftError)(
-            f"data.regenerate.server: {self.base}{path} gave no usable answer after "
-                          f"{self.cfg.retries + 1} tries ({failure[:300]}); is the server up at "
-                          "data.regenerate.server.url?")
+            f"data.regenerate.server: {self.base}{path} gave no usable answer after {self.cfg.retries + 1} tries "
+            f"({failure[:300]}); is the server up at data.regenerate.server.url?")
 
     def identity(self) -> dict:
         """What serves the answers (part of the cache's key): the model's name, and the

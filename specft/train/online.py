@@ -122,22 +122,18 @@ def with_regenerate_seed(cfg: RootConfig, epoch: int) -> RootConfig:
     return dataclasses.replace(cfg, data=data)
 
 
-def _answers_dir(cfg: RootConfig, name: str, tokenizer) -> Path:
-    """Where the target's regenerated answers for ``cfg``'s data are kept, named by what
-    a cache of them would be named by (model, quant, data...): answers to other data or
-    from another target are never resumed from."""
+def _every_slice(cfg: RootConfig, target: ServedTarget, convs: list[Conversation], name: str,
+                 summary: DataSummary, world_size: int) -> list:
+    """All samples on every rank: a step may read any of them. Regeneration answers this
+    rank's slice into run_dir/online/<name>-<provenance hash> (named by what a cache of
+    them would be named by: answers to other data or from another target are never
+    resumed from); the others' answers are read from their stores once all are done."""
     from specft.provenance import provenance_hash
     from specft.provenance.build import build_provenance
 
-    provenance = build_provenance(cfg, tokenizer)  # the loaded tokenizer: no second load
-    return Path(cfg.run_dir) / "online" / f"{name}-{provenance_hash(provenance)}"
-
-
-def _every_slice(cfg: RootConfig, target: ServedTarget, convs: list[Conversation], regen_dir: Path,
-                 summary: DataSummary, world_size: int) -> list:
-    """All samples on every rank: a step may read any of them. Regeneration answers this
-    rank's slice; the others' answers are read from their stores once all are done."""
-    samples = served_samples(cfg, target, convs, regen_dir, summary)
+    provenance = build_provenance(cfg, target.tokenizer)
+    regen_dir = Path(cfg.run_dir) / "online" / f"{name}-{provenance_hash(provenance)}"
+    samples = served_samples(cfg, target, convs, regen_dir, summary, provenance)
     if not cfg.data.regenerate.enabled or target.placed.data_world == 1:
         return samples
     from specft.data import tokenize_all
@@ -151,22 +147,21 @@ def online_readers(cfg: RootConfig, rank: int, world_size: int,
                    heldout: dict[str, RootConfig] | None = None) -> tuple[OnlineFeatures, SourcesReader | None]:
     """The training features and (trainer.val_data=heldout) the held-out sides', all
     computed by one served target loaded here."""
-    from specft.cache import locate_cache
+    from specft.target_model import load_tokenizer
 
-    _, _, tokenizer = locate_cache(cfg)
+    tokenizer = load_tokenizer(cfg.model)
     summary = DataSummary()
     convs = load_conversations(cfg.data, summary)
     target = serve_target(cfg, rank, world_size, convs, tokenizer)
     head = target_head_tensors(target.model, editing(target.placed))  # a collective when sharded
-    samples = _every_slice(cfg, target, convs, _answers_dir(cfg, "train", tokenizer), summary, world_size)
+    samples = _every_slice(cfg, target, convs, "train", summary, world_size)
     data_report(summary)
     resample = None
     if cfg.trainer.regenerate_every_epoch:
         def resample(epoch: int) -> list:
             epoch_cfg = with_regenerate_seed(cfg, epoch)
             log.info("online features: epoch %d, the target answers the %d prompts again", epoch, len(convs))
-            return _every_slice(epoch_cfg, target, convs, _answers_dir(epoch_cfg, "train", tokenizer), DataSummary(),
-                                world_size)
+            return _every_slice(epoch_cfg, target, convs, "train", DataSummary(), world_size)
     train = OnlineFeatures(cfg, target, samples, head, "online features (training data)", world_size, resample)
     if not len(train):
         raise SpecftError(f"trainer.features=online: no usable samples; {summary.line()}")
@@ -180,8 +175,7 @@ def online_readers(cfg: RootConfig, rank: int, world_size: int,
                  source, cfg.trainer.val_samples)
         side_summary = DataSummary()
         side_convs = load_conversations(side.data, side_summary)
-        side_samples = _every_slice(side, target, side_convs, _answers_dir(side, f"heldout-{source}", tokenizer),
-                                    side_summary, world_size)
+        side_samples = _every_slice(side, target, side_convs, f"heldout-{source}", side_summary, world_size)
         sides[source] = OnlineFeatures(side, target, side_samples, head, f"online features (held-out {source})",
                                        world_size)
     return train, SourcesReader(sides)
