@@ -6,7 +6,7 @@
 #
 # PREFIX/src        llama.cpp's source (its convert_hf_to_gguf.py and gguf-py too)
 # PREFIX/src/build  the CMake build, reused: a second run rebuilds only what changed
-# PREFIX/bin        llama-server, llama-quantize, specft-llama-probe
+# PREFIX/bin        llama-server, llama-quantize, llama-bench, llama-cli, specft-llama-probe
 # PREFIX/install.json  version, the ISA flags built for, the build's commands
 #
 # The default native build compiles AMX tiles where cpuid lists them; on VMs that list AMX
@@ -92,7 +92,7 @@ if [ "$(cat "$PREFIX/src/build/.specft-configure" 2>/dev/null)" != "${configure[
     "${configure[@]}"
     echo "${configure[*]}" >"$PREFIX/src/build/.specft-configure"
 fi
-cmake --build "$PREFIX/src/build" -j "$JOBS" --target llama-server llama-quantize llama
+cmake --build "$PREFIX/src/build" -j "$JOBS" --target llama-server llama-quantize llama-bench llama-cli llama
 
 # 4. specft's probe, against this build's library and headers.
 lib_dir="$(dirname "$(find "$PREFIX/src/build" -name 'libllama.so*' | head -1)")"
@@ -100,7 +100,7 @@ g++ -O2 -std=c++17 "$HERE/specft/llamacpp/probe.cpp" -I"$PREFIX/src/include" -I"
     -I"$PREFIX/src/ggml/include" -L"$lib_dir" -lllama -Wl,-rpath,"$lib_dir" \
     -o "$PREFIX/bin/specft-llama-probe"
 "$PYTHON" -m pip install -q "sentencepiece>=0.2,<1"  # convert_hf_to_gguf.py imports it for every vocabulary
-for exe in llama-server llama-quantize; do
+for exe in llama-server llama-quantize llama-bench llama-cli; do
     ln -sf "$PREFIX/src/build/bin/$exe" "$PREFIX/bin/$exe"
 done
 

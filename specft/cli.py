@@ -26,7 +26,8 @@ COMMANDS = ("cache", "train", "eval", "export", "fold-rotation", "plan", "distan
 JOB_COMMANDS = ("cache", "train", "eval")  # Hydra jobs: checked whole before Hydra runs
 USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b ...]
        specft info CACHE_DIR [--verify]  # what a cache holds; --verify checks every checksum
-       specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp] [--quant auto|none|fp8|mxfp4]
+       specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp|dflash|gguf|...] [--quant auto|none|fp8|mxfp4]
+                                        # CHECKPOINT: a run dir (its final, else its latest step), a step folder
        specft fold-rotation CHECKPOINT OUT_DIR --rotation QUANT|R1.safetensors|CKPT  # a 16-bit draft for a rotated target
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
@@ -354,7 +355,8 @@ def _export(args: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="specft export", description="Write a trained draft in a "
                                      "layout serving engines load.")
-    parser.add_argument("checkpoint", help="a run dir, its checkpoints/final, or a checkpoint folder")
+    parser.add_argument("checkpoint", help="a run dir (its final checkpoint, else its latest step while it "
+                        "trains), its checkpoints/ folder or latest file, or a checkpoint folder")
     parser.add_argument("out_dir")
     parser.add_argument("--layout", default="eagle3", choices=sorted([*LAYOUTS.names, "gguf"]),
                         help="gguf: llama.cpp's draft file, through its own converter (docs/serving.md)")
@@ -388,7 +390,8 @@ def _fold_rotation(args: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="specft fold-rotation", description="Fold a target's residual rotation "
                                      "into a 16-bit EAGLE-3 draft, so it drafts for the rotated target untrained.")
-    parser.add_argument("checkpoint", help="a run dir, its checkpoints/final, or a checkpoint folder")
+    parser.add_argument("checkpoint", help="a run dir (its final checkpoint, else its latest step while it "
+                        "trains), its checkpoints/ folder or latest file, or a checkpoint folder")
     parser.add_argument("out_dir", help="the folded draft's checkpoint folder (eval and export read it)")
     parser.add_argument("--rotation", required=True,
                         help="a quant config with a rotation block (w8a8_int8_quarot), a .safetensors file "

@@ -274,3 +274,37 @@ def test_dequantized_export_equals_fake_quant():
     values = E2M1[codes & 7] * torch.where(codes & 8 > 0, -1.0, 1.0)
     deq = (values.view(8, 2, 32) * torch.exp2(packed["weight_scale"].float() - 127)[..., None]).reshape(8, 64)
     assert torch.equal(deq, fake_quant(w, spec))
+
+
+def test_export_takes_a_run_that_is_still_training(tmp_path):
+    """A run with no final checkpoint yet: the run dir, its checkpoints/ folder and its
+    latest file all lead to the step that latest names; final wins once it exists."""
+    folder, _ = _checkpoint(tmp_path)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    older, newer = run / "checkpoints" / "step-0000050", run / "checkpoints" / "step-0000100"
+    for step in (older, newer):
+        step.mkdir()
+        for name in ("draft.safetensors", "draft_config.json", "config.yaml"):
+            (step / name).write_bytes((folder / name).read_bytes())
+    (run / "checkpoints" / "latest").write_text("step-0000100")
+    for given in (run, run / "checkpoints", run / "checkpoints" / "latest"):
+        out = tmp_path / f"out-{given.name}"
+        run_cli(["export", str(given), str(out)], cwd=tmp_path)
+        config = json.loads((out / "config.json").read_text())
+        assert config["specft"]["source_checkpoint"] == str(newer.resolve()), given
+    (run / "checkpoints" / "final").mkdir()
+    for name in ("draft.safetensors", "draft_config.json", "config.yaml"):
+        (run / "checkpoints" / "final" / name).write_bytes((folder / name).read_bytes())
+    run_cli(["export", str(run), str(tmp_path / "out-final")], cwd=tmp_path)
+    config = json.loads((tmp_path / "out-final" / "config.json").read_text())
+    assert config["specft"]["source_checkpoint"] == str((run / "checkpoints" / "final").resolve())
+
+
+def test_a_latest_pointer_to_a_missing_step_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step-0000100")
+    out = run_cli(["export", str(run), str(tmp_path / "out")], cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "no draft checkpoint" in out.stderr
+    assert not (tmp_path / "out").exists()

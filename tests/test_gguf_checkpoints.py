@@ -103,13 +103,20 @@ def test_activation_rounding_equals_gguf_pys_reference_quantizers():
 
 # -- refusals: one line, nothing written ------------------------------------------------------
 
-def _tiny_gguf(path, arch="llama", tensor="blk.0.attn_q.weight", shape=(4, 32)):
-    """A GGUF header with one float tensor (gguf-py's writer), enough for open_checkpoint."""
+def _tiny_gguf(path, arch="llama", tensor="blk.0.attn_q.weight", shape=(4, 32), kind=None):
+    """A GGUF header with one tensor (gguf-py's writer), enough for open_checkpoint: float,
+    or quantized to ``kind`` by gguf-py's own quantizer."""
     import gguf
+    from gguf.quants import quantize
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
-    writer.add_tensor(tensor, np.zeros(shape, dtype=np.float32))
+    data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    if kind is None:
+        writer.add_tensor(tensor, data)
+    else:
+        qtype = gguf.GGMLQuantizationType[kind]
+        writer.add_tensor(tensor, quantize(data, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -135,6 +142,30 @@ def test_an_expert_tensor_is_refused(tmp_path):
     path = _tiny_gguf(tmp_path / "moe.gguf", arch="qwen3", tensor="blk.0.ffn_gate_exps.weight", shape=(2, 4, 32))
     with pytest.raises(SpecftError, match="Mixture-of-Experts GGUFs are not supported yet"):
         open_checkpoint(path)
+
+
+@pytest.mark.parametrize("arch", ["gpt-oss", "qwen3moe"])
+def test_an_mxfp4_gguf_of_a_layout_specft_does_not_run_is_refused(tmp_path, arch):
+    """The MXFP4 GGUFs people download are Mixture-of-Experts models (gpt-oss, llama-quantize's
+    MXFP4_MOE): one line naming the architecture, before anything is loaded."""
+    path = _tiny_gguf(tmp_path / "m.gguf", arch=arch, tensor="blk.0.ffn_gate_exps.weight", shape=(2, 4, 64),
+                      kind="MXFP4")
+    with pytest.raises(SpecftError, match=f"is a GGUF of architecture {arch}; specft runs llama, qwen3"):
+        open_checkpoint(path)
+
+
+def test_mxfp4_experts_in_a_dense_architecture_are_refused(tmp_path):
+    path = _tiny_gguf(tmp_path / "moe.gguf", arch="qwen3", tensor="blk.0.ffn_up_exps.weight", shape=(2, 4, 64),
+                      kind="MXFP4")
+    with pytest.raises(SpecftError, match="Mixture-of-Experts GGUFs are not supported yet, MXFP4_MOE ones included"):
+        open_checkpoint(path)
+
+
+def test_a_dense_mxfp4_tensor_opens_with_ggmls_q8_0_activations(tmp_path):
+    path = _tiny_gguf(tmp_path / "dense.gguf", arch="qwen3", tensor="blk.0.attn_q.weight", shape=(4, 64),
+                      kind="MXFP4")
+    ckpt = open_checkpoint(path)
+    assert ckpt.tensor_types["blk.0.attn_q.weight"] == "MXFP4" and "MXFP4 weights" in ckpt.summary
 
 
 def test_a_folder_of_several_ggufs_and_a_damaged_file_are_refused(tmp_path):

@@ -17,12 +17,35 @@ log = logging.getLogger(__name__)
 
 
 def resolve_checkpoint(path: str | Path, field: str = "eval.drafts") -> Path:
-    """A run dir, its checkpoints/ folder, or a checkpoint folder itself."""
+    """A run dir, its checkpoints/ folder, its ``latest`` pointer, or a checkpoint folder
+    itself. A run still training has no ``final`` yet: its newest step checkpoint (the one
+    ``latest`` names) is taken, and the log says which."""
     p = Path(path).expanduser()
     for candidate in (p, p / "final", p / "checkpoints" / "final"):
-        if (candidate / "draft.safetensors").exists() and (candidate / "draft_config.json").exists():
+        if _is_checkpoint(candidate):
             return candidate.resolve()
+    for pointer in (p, p / "latest", p / "checkpoints" / "latest"):
+        step = _pointed_step(pointer)
+        if step is not None:
+            log.info("%s: %s has no final checkpoint yet; taking %s (the latest step)", field, path, step)
+            return step.resolve()
     raise SpecftError(f"{field}: no draft checkpoint (draft.safetensors + draft_config.json) at {path}")
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    return (folder / "draft.safetensors").is_file() and (folder / "draft_config.json").is_file()
+
+
+def _pointed_step(pointer: Path) -> Path | None:
+    """The step folder a training run's ``latest`` file names (one line: the tag)."""
+    if pointer.name != "latest" or not pointer.is_file():
+        return None
+    try:
+        tag = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    step = pointer.parent / tag
+    return step if tag and "/" not in tag and _is_checkpoint(step) else None
 
 
 def _read_checkpoint(folder: Path, field: str) -> tuple[dict, dict]:

@@ -46,7 +46,13 @@ def hf_to_gguf(model_dir: Path, out_file: Path, outtype: str = "f16", target_mod
     return out_file
 
 
-def quantize(f16_gguf: Path, out_file: Path, kind: str, threads: int = 2) -> Path:
-    _run([str(binary("llama-quantize")), str(f16_gguf), str(out_file), kind, str(threads)],
+def quantize(f16_gguf: Path, out_file: Path, kind: str, threads: int = 2, tensor_types: dict | None = None,
+             imatrix: Path | None = None) -> Path:
+    """llama-quantize into ``kind``; ``tensor_types`` overrides it per tensor-name pattern
+    (``{"attn": "mxfp4", "ffn": "mxfp4"}``: a dense MXFP4 model, whose embedding and head keep
+    ``kind``); ``imatrix``: the importance matrix the 2-bit i-quants require."""
+    overrides = [arg for pattern, t in (tensor_types or {}).items() for arg in ("--tensor-type", f"{pattern}={t}")]
+    with_imatrix = ["--imatrix", str(imatrix)] if imatrix else []
+    _run([str(binary("llama-quantize")), *overrides, *with_imatrix, str(f16_gguf), str(out_file), kind, str(threads)],
          f"llama-quantize {kind}")
     return out_file

@@ -2,10 +2,11 @@
 
 ggml multiplies a weight of type T by an activation converted to T's ``vec_dot_type``
 (ggml-cpu.c, type_traits_cpu): F16 weights take F16 activations, Q4_0/Q5_0/Q8_0/IQ4_NL
-take Q8_0 blocks of 32, Q4_1/Q5_1 take Q8_1 blocks of 32, the K-quants take Q8_K blocks
-of 256. The integer dot products are exact, so the product equals the dequantized weight
-times the dequantized activation up to float32 summation order, which is what specft
-computes. The rounding here is the x86 path's (ggml-cpu/arch/x86/quants.c, repack.cpp),
+and the FP4 types (MXFP4, NVFP4) take Q8_0 blocks of 32, Q4_1/Q5_1 take Q8_1 blocks of 32,
+the K-quants and the other i-quants (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S) take
+Q8_K blocks of 256. The integer dot products are exact, so the product equals the
+dequantized weight times the dequantized activation up to float32 summation order, which
+is what specft computes. The rounding here is the x86 path's (ggml-cpu/arch/x86/quants.c, repack.cpp),
 checked against the engine itself (scripts/check_llamacpp.py, tests/test_llamacpp.py):
 
 - Q8_0 / Q8_1: ``d = amax / 127`` stored as F16, codes ``round_half_even(x * (127 / amax))``
@@ -103,11 +104,17 @@ ACTIVATIONS: dict[str, tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = {
     "BF16": (1, bf16),
 }
 
-# weight type -> its vec_dot_type on the CPU (ggml-cpu.c); Q8_1 is handled with the
-# weight's block minimums (gguf_family.py). Types not listed are refused.
+# weight type -> its vec_dot_type on the CPU (ggml-cpu.c type_traits_cpu); Q8_1 is handled
+# with the weight's block minimums (gguf_family.py). Types not listed are refused. The FP4
+# types (MXFP4: E2M1 in blocks of 32 under an E8M0 scale; NVFP4: E2M1 in blocks of 64 under
+# four UE4M3 scales) and the i-quants multiply their dequantized value grid by integer
+# codes in the same way, so weight x dequantized activation is their product too.
 VEC_DOT_TYPE = {
     "F32": None, "F16": "F16", "BF16": "BF16",
     "Q8_0": "Q8_0", "Q4_0": "Q8_0", "Q5_0": "Q8_0", "IQ4_NL": "Q8_0",
+    "MXFP4": "Q8_0", "NVFP4": "Q8_0",
     "Q4_1": "Q8_1", "Q5_1": "Q8_1",
     "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+    "IQ4_XS": "Q8_K", "IQ3_XXS": "Q8_K", "IQ3_S": "Q8_K", "IQ2_XXS": "Q8_K", "IQ2_XS": "Q8_K",
+    "IQ2_S": "Q8_K",
 }

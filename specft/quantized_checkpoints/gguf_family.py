@@ -160,7 +160,8 @@ def _check_types(path: Path, types: dict[str, str]) -> None:
                               f"exactly as llama.cpp does; supported: {', '.join(VEC_DOT_TYPE)}")
         if _module_name(name) is None:
             raise SpecftError(f"quant=checkpoint: {path.name}: tensor {name} ({kind}) has no place in the dense "
-                              "models specft runs from GGUF (Mixture-of-Experts GGUFs are not supported yet)")
+                              "models specft runs from GGUF (Mixture-of-Experts GGUFs are not supported yet, MXFP4_MOE "
+                              "ones included)")
 
 
 def hf_config(path: Path, reader=None):
