@@ -22,8 +22,10 @@ def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def run_cli(args, cwd, timeout=600, check=True):
-    """Run `specft ...` as a user would; return the CompletedProcess."""
+def run_cli(args, cwd, timeout=3600, check=True):
+    """Run `specft ...` as a user would; return the CompletedProcess. ``timeout`` bounds a
+    hang only: the command's own exit is the event waited on, and an hour is far past what
+    any test command takes on a machine busy with other jobs."""
     proc = subprocess.run([sys.executable, "-m", "specft.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -40,7 +40,7 @@ def run_ranks(worker: str, nproc: int, *args: str) -> None:
     script = Path(__file__).with_name(worker)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                            "--master_port", str(free_port()), str(script), *args],
-                          capture_output=True, text=True, timeout=300, cwd=script.parent)
+                          capture_output=True, text=True, timeout=3600, cwd=script.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

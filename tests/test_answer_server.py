@@ -189,7 +189,7 @@ def test_vllm_serve_answers_as_specfts_engine_does_on_the_same_float32_weights(t
         assert served.returncode == 0, served.stderr[-3000:]
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        server.wait(timeout=600)
     own = run_cli(common, cwd=tmp_path)
     assert own.returncode == 0, own.stderr[-3000:]
     stores = {}

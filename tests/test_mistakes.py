@@ -44,7 +44,7 @@ def _python_cli(tmp_path, prelude: str, args: list[str], env=None):
     what a test cannot make real: a full disk, a folder root may not write)."""
     code = prelude + f"\nimport sys\nfrom specft.cli import main\nsys.exit(main({args!r}))\n"
     return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+                          env={**os.environ, **(env or {})}, timeout=3600)
 
 
 # -- a stored artifact's layout, not in its key --------------------------------------------
@@ -242,7 +242,7 @@ def test_an_unwritable_working_directory_is_one_line_before_hydra_writes(tmp_pat
 
 def test_empty_specft_home_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "specft.cli", "train", *TINY], cwd=tmp_path, capture_output=True,
-                          text=True, env={**os.environ, "SPECFT_HOME": ""}, timeout=600)
+                          text=True, env={**os.environ, "SPECFT_HOME": ""}, timeout=3600)
     _refused(proc, "SPECFT_HOME: set but empty")
     assert list(tmp_path.iterdir()) == []
 

@@ -16,7 +16,9 @@ from pathlib import Path
 from specft.errors import SpecftError
 from specft.llamacpp.install import binary
 
-STARTUP_TIMEOUT_S = 120.0
+# A hang bound only: the wait ends the moment /health answers or the process exits, and a
+# model load on a machine busy with other jobs must never reach it.
+STARTUP_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -100,7 +102,7 @@ class LlamaServer:
         raise SpecftError(f"llama-server did not come up within {self.startup_timeout_s:.0f} s on {self.url} "
                           f"(log: {self.log.name})")
 
-    def post(self, path: str, body: dict, timeout: float = 600.0) -> dict:
+    def post(self, path: str, body: dict, timeout: float = 3600.0) -> dict:  # a hang bound
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:
