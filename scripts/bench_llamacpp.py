@@ -61,21 +61,32 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """The server's user + system CPU time so far, all its threads: with one server thread
+    this is the work a configuration costs, whatever else runs on the machine."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[list[int]], max_new_tokens: int,
-          threads: int) -> dict:
+          threads: int, spec_type: str = "draft-eagle3", extra: list[str] | None = None) -> dict:
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
-    options = ServerOptions(target, draft, draft_n=k, slots=slots, threads=threads,
-                            ctx_per_slot=max(map(len, prompts)) + max_new_tokens + 16)
+    options = ServerOptions(target, draft, spec_type=spec_type, draft_n=k, slots=slots, threads=threads,
+                            ctx_per_slot=max(map(len, prompts)) + max_new_tokens + 16, extra=list(extra or []))
     with LlamaServer(options) as server:
         server.complete(prompts[0], 8)  # warm-up
-        start = time.perf_counter()
+        cpu_start, start = cpu_seconds(server.process.pid), time.perf_counter()
         with ThreadPoolExecutor(max_workers=slots) as pool:
             outs = list(pool.map(lambda ids: server.complete(ids, max_new_tokens), prompts))
         seconds = time.perf_counter() - start
+        cpu = cpu_seconds(server.process.pid) - cpu_start
         rss = peak_rss_mb(server.process.pid)
     generated = [len(o["tokens"]) for o in outs]
-    return {"seconds": seconds, "tokens": sum(generated), "tokens_per_s": sum(generated) / seconds,
+    return {"seconds": seconds, "cpu_seconds": cpu, "tokens": sum(generated), "tokens_per_s": sum(generated) / seconds,
+            "tokens_per_cpu_s": sum(generated) / cpu if cpu > 0 else float("nan"),
             "drafted": sum(o["timings"].get("draft_n", 0) for o in outs),
             "accepted": sum(o["timings"].get("draft_n_accepted", 0) for o in outs),
             "peak_rss_mb": rss, "per_prompt_tokens": generated,

