@@ -32,10 +32,11 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from specft.llamacpp.convert import hf_to_gguf, quantize
+from specft.llamacpp.convert import flat_imatrix, hf_to_gguf, quantize
 from specft.llamacpp.install import check_install, install_record
 from specft.llamacpp.probe import run_probe
 from specft.target_model.tiny import build_tiny
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -93,30 +94,6 @@ def main() -> None:
                                 "recipes": {k: vars(TYPES[k]) for k in types}, "shape": SHAPE,
                                 "oracle": {"sequences": SEQUENCES, "length": LENGTH, "rows_kept": KEPT_ROWS,
                                            "ubatch": "all", "flash_attn": "on"}}, indent=1) + "\n")
-
-
-def flat_imatrix(f32: Path, out: Path) -> Path:
-    """An importance matrix that weighs every input column alike (llama.cpp's GGUF imatrix
-    layout: ``<tensor>.in_sum2`` and ``<tensor>.counts`` per weight). The 2- and 3-bit i-quants
-    need one to quantize at all; a flat one makes llama-quantize's plain error-minimizing
-    choice, and the oracle is llama.cpp running whatever file it wrote."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(f32))
-    writer = gguf.GGUFWriter(str(out), arch="imatrix")
-    writer.add_array("imatrix.datasets", ["flat: every column weighted alike"])
-    writer.add_uint32("imatrix.chunk_count", 1)
-    writer.add_uint32("imatrix.chunk_size", 1)
-    for tensor in reader.tensors:
-        if tensor.name.endswith(".weight") and len(tensor.shape) == 2 and "norm" not in tensor.name:
-            columns = int(tensor.shape[0])
-            writer.add_tensor(f"{tensor.name}.in_sum2", np.ones(columns, dtype=np.float32))
-            writer.add_tensor(f"{tensor.name}.counts", np.ones(1, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
 
 
 def _quantize_and_probe(f32: Path, out: Path, threads: int, kinds: list[str], imatrix: Path) -> None:

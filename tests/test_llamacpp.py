@@ -206,6 +206,48 @@ def test_a_draft_trained_on_a_gguf_exports_and_llama_server_speculates_with_it(t
     assert out["timings"]["draft_n"] > 0, out["timings"]
 
 
+def _draft_candidates(log: str) -> dict[int, list[str]]:
+    """llama-server -v's first draft candidate of every draft step, per sequence:
+    'seq_id S, draft candidate   0, pos P: TOKEN' (common/speculative.cpp's debug line)."""
+    import re
+
+    out: dict[int, list[str]] = {}
+    for seq, pos, token in re.findall(r"seq_id (\d+), draft candidate +0, pos +(\d+): +(\d+)", log):
+        out.setdefault(int(seq), []).append(f"{pos}:{token}")
+    return out
+
+
+@llamacpp
+def test_two_slots_draft_what_one_slot_drafts(tmp_path):
+    """The 16-slot collapse, reduced (docs/serving.md): two slots given the same prompt at the
+    same time must draft the same tokens, step for step. Unpatched llama.cpp 11434 sampled the
+    second sequence's drafts on the backend from rows that were not its own, so its drafts
+    parted from the first's at once (scripts/llamacpp_patches/0001-*)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    from conftest import run_cli
+
+    target = gguf_file("Q4_K_M")
+    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
+             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
+    prompt = list(range(20, 60))
+    with LlamaServer(ServerOptions(target, tmp_path / "export" / "draft.gguf", draft_n=3, slots=2, threads=1,
+                                   extra=["-v"])) as server:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            outs = list(pool.map(lambda ids: server.complete(ids, 24, stop_at_eos=False), [prompt, prompt]))
+        log = Path(server.log.name).read_text(errors="replace")
+    assert outs[0]["tokens"] == outs[1]["tokens"]
+    drafts = _draft_candidates(log)
+    assert sorted(drafts) == [0, 1] and len(drafts[0]) >= 12, drafts
+    # the first rounds: unpatched, the later sequence's first joint round already takes the
+    # other's candidates; far later, two slots may part through float sums of different batch
+    # compositions (seen after 20 rounds of this random model), which is not this bug
+    assert drafts[0][:12] == drafts[1][:12], drafts
+
+
 @llamacpp
 def test_a_qwen3_layer_draft_is_refused_and_nothing_is_written(tmp_path):
     from conftest import run_cli

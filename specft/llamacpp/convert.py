@@ -56,3 +56,28 @@ def quantize(f16_gguf: Path, out_file: Path, kind: str, threads: int = 2, tensor
     _run([str(binary("llama-quantize")), *overrides, *with_imatrix, str(f16_gguf), str(out_file), kind, str(threads)],
          f"llama-quantize {kind}")
     return out_file
+
+
+def flat_imatrix(f32: Path, out: Path) -> Path:
+    """An importance matrix that weighs every input column alike (llama.cpp's GGUF imatrix
+    layout: ``<tensor>.in_sum2`` and ``<tensor>.counts`` per weight). The 2- and 3-bit i-quants
+    need one to quantize at all; a flat one makes llama-quantize's plain error-minimizing
+    choice (fixtures and studies: no calibration data is implied)."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(f32))
+    writer = gguf.GGUFWriter(str(out), arch="imatrix")
+    writer.add_array("imatrix.datasets", ["flat: every column weighted alike"])
+    writer.add_uint32("imatrix.chunk_count", 1)
+    writer.add_uint32("imatrix.chunk_size", 1)
+    for tensor in reader.tensors:
+        if tensor.name.endswith(".weight") and len(tensor.shape) == 2 and "norm" not in tensor.name:
+            columns = int(tensor.shape[0])
+            writer.add_tensor(f"{tensor.name}.in_sum2", np.ones(columns, dtype=np.float32))
+            writer.add_tensor(f"{tensor.name}.counts", np.ones(1, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
