@@ -126,6 +126,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--acceptance-only", action="store_true", help="serve no target alone (what each type "
+                    "costs a draft in acceptance; no speed ratios)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_llamacpp"))
     ap.add_argument("overrides", nargs="*", help="fields of the prompts run's config, e.g. data.name=gsm8k")
     ap.add_argument("--from-json", type=Path, default=None, help="a saved bench_llamacpp.json: recompute its "
@@ -151,7 +153,8 @@ def main() -> None:
         for d in drafts.values():
             check_pair(Path(t), d)
     prompts = load_prompts(args.prompts_run, args.num_prompts, args.overrides)
-    configs = [(t, None, 0) for t in targets] + [(t, d, k) for t in targets for d in drafts for k in args.ks]
+    alone = [] if args.acceptance_only else [(t, None, 0) for t in targets]
+    configs = alone + [(t, d, k) for t in targets for d in drafts for k in args.ks]
     runs: dict[tuple, list] = {}
     for repeat in range(args.repeats):
         for slots in args.slots:
@@ -164,9 +167,10 @@ def main() -> None:
     rows = []
     for (t, d, k, slots), rs in runs.items():
         row = {"target": t, "draft": d or "alone", "k": k, "slots": slots, **summarize(d or "alone", rs)}
-        alone = statistics.median(x["tokens_per_s"] for x in runs[(t, None, 0, slots)])
-        row["speedup_vs_alone"] = row["tok_s_median"] / alone
-        row["rss_vs_alone"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in runs[(t, None, 0, slots)])
+        base = runs.get((t, None, 0, slots))
+        row["speedup_vs_alone"] = row["tok_s_median"] / statistics.median(x["tokens_per_s"] for x in base) \
+            if base else float("nan")
+        row["rss_vs_alone"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in base) if base else float("nan")
         rows.append(row)
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
