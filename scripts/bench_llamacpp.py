@@ -30,12 +30,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def draft_file(spec: str, out: Path, name: str, target: Path) -> Path:
+NGRAM = "ngram:"  # --drafts NAME=ngram:<llama-server --spec-type>: draft-free speculation
+
+
+def draft_file(spec: str, out: Path, name: str, target: Path) -> Path | str:
     """A draft .gguf as given, or a run exported to one (once), with ``target``'s vocabulary
-    (a draft trained on the 16-bit model records no GGUF of its own)."""
+    (a draft trained on the 16-bit model records no GGUF of its own); ``ngram:TYPE`` as is."""
     from specft.eval.drafts import resolve_checkpoint
     from specft.export.gguf import DRAFT_FILE, export_gguf
 
+    if spec.startswith(NGRAM):
+        return spec
     path = Path(spec)
     if path.suffix == ".gguf":
         return path
@@ -74,6 +79,8 @@ def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[li
           threads: int, spec_type: str = "draft-eagle3", extra: list[str] | None = None) -> dict:
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
+    if isinstance(draft, str) and draft.startswith(NGRAM):
+        draft, spec_type = None, draft.removeprefix(NGRAM)
     options = ServerOptions(target, draft, spec_type=spec_type, draft_n=k, slots=slots, threads=threads,
                             ctx_per_slot=max(map(len, prompts)) + max_new_tokens + 16, extra=list(extra or []))
     with LlamaServer(options) as server:
@@ -108,7 +115,9 @@ def load_prompts(run: Path, num: int, overrides: list[str]) -> list[list[int]]:
 def summarize(name: str, runs: list[dict]) -> dict:
     speeds = [r["tokens_per_s"] for r in runs]
     drafted, accepted = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
+    per_cpu_s = [r.get("tokens_per_cpu_s", float("nan")) for r in runs]  # runs saved before it was counted: nan
     return {"config": name, "tok_s_min": min(speeds), "tok_s_median": statistics.median(speeds),
+            "tok_cpu_s_median": statistics.median(per_cpu_s),
             "tok_s_max": max(speeds), "drafted": drafted, "accepted": accepted,
             "acceptance": accepted / drafted if drafted else None,
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "runs": runs}
@@ -117,8 +126,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", help="NAME=FILE.gguf")
-    ap.add_argument("--drafts", nargs="+", help="NAME=RUN_DIR or NAME=DRAFT.gguf; the first is "
-                    "the reference (the usual recipe)")
+    ap.add_argument("--drafts", nargs="+", help="NAME=RUN_DIR, NAME=DRAFT.gguf or NAME=ngram:SPEC_TYPE "
+                    "(llama.cpp's draft-free ngram-simple, ngram-mod, ...); the first is the reference")
     ap.add_argument("--prompts-run", type=Path, help="a run whose eval prompts are decoded")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -126,6 +135,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--ubatch", type=int, default=None, help="llama-server -ub (the draft context takes "
+                    "the target's: its compute buffer grows with it; docs/serving.md)")
     ap.add_argument("--acceptance-only", action="store_true", help="serve no target alone (what each type "
                     "costs a draft in acceptance; no speed ratios)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_llamacpp"))
@@ -151,7 +162,8 @@ def main() -> None:
               for name, spec in (d.split("=", 1) for d in args.drafts)}
     for t in targets.values():
         for d in drafts.values():
-            check_pair(Path(t), d)
+            if not isinstance(d, str):
+                check_pair(Path(t), d)
     prompts = load_prompts(args.prompts_run, args.num_prompts, args.overrides)
     alone = [] if args.acceptance_only else [(t, None, 0) for t in targets]
     configs = alone + [(t, d, k) for t in targets for d in drafts for k in args.ks]
@@ -160,7 +172,7 @@ def main() -> None:
         for slots in args.slots:
             for t, d, k in configs:
                 r = serve(Path(targets[t]), drafts[d] if d else None, k, slots, prompts, args.max_new_tokens,
-                          args.threads)
+                          args.threads, extra=["-ub", str(args.ubatch)] if args.ubatch else None)
                 runs.setdefault((t, d, k, slots), []).append(r)
                 print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
                       + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
@@ -174,7 +186,8 @@ def main() -> None:
         rows.append(row)
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "targets": targets,
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch,
+              "targets": targets,
               "drafts": {k: str(v) for k, v in drafts.items()}, "reference": next(iter(drafts)), "rows": rows}
     write(result, args.out)
 
@@ -208,8 +221,9 @@ def add_comparisons(result: dict) -> None:
 
 
 def table(result: dict) -> str:
-    lines = ["| target | draft | k | slots | tok/s min / median / max | x alone | x recipe | acceptance [95% CI] | "
-             "acceptance - recipe [95% CI] | peak RSS MB | RSS x alone |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | draft | k | slots | tok/s min / median / max | tok per CPU-s | x alone | x recipe | "
+             "acceptance [95% CI] | acceptance - recipe [95% CI] | peak RSS MB | RSS x alone |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         acc, diff = "-", "-"
         if r["acceptance"] is not None:
@@ -219,9 +233,9 @@ def table(result: dict) -> str:
             d, lo, hi = r["acceptance_vs_reference"]
             diff = f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
-                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r['speedup_vs_alone']:.2f} | "
-                     f"{r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {diff} | {r['peak_rss_mb']:.0f} | "
-                     f"{r['rss_vs_alone']:.3f} |")
+                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r.get('tok_cpu_s_median', float('nan')):.1f} | "
+                     f"{r['speedup_vs_alone']:.2f} | {r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {diff} | "
+                     f"{r['peak_rss_mb']:.0f} | {r['rss_vs_alone']:.3f} |")
     return "\n".join(lines)
 
 

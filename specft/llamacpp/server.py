@@ -38,9 +38,11 @@ class ServerOptions:
                 "--cache-ram", "0"]
         if self.threads:
             args += ["-t", str(self.threads), "-tb", str(self.threads)]
-        if self.draft is not None:
-            # always k drafted tokens (no early stop on draft confidence), as specft eval counts
-            args += ["-md", str(self.draft), "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.draft_n),
+        if self.draft is not None or self.spec_type.startswith("ngram"):
+            # always k drafted tokens (no early stop on draft confidence), as specft eval counts;
+            # the ngram types draft from the context itself, with no draft model
+            model = ["-md", str(self.draft)] if self.draft is not None else []
+            args += [*model, "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.draft_n),
                      "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
         return args + self.extra
 
