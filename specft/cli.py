@@ -365,14 +365,19 @@ def _export(args: list[str]) -> int:
     parser.add_argument("--target-head", help="target_head.safetensors of the cache (mtp with a reduced vocab)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in a non-empty OUT_DIR")
+    parser.add_argument("--gguf-type", default="f16", help="--layout gguf: the draft's weights as f16 (default), "
+                        "bf16, f32, q8_0 or q4_0")
     parser.add_argument("--target", help="--layout gguf: the target's checkpoint dir or .gguf (default: the "
                         "one the draft was trained against)")
     ns = parser.parse_args(args)
+    if ns.gguf_type != "f16" and ns.layout != "gguf":
+        print(f"error: --gguf-type {ns.gguf_type}: only --layout gguf writes GGUF weights", file=sys.stderr)
+        return 2
     try:
         if ns.layout == "gguf":
             from specft.export.gguf import export_gguf
 
-            out = export_gguf(ns.checkpoint, ns.out_dir, ns.target, ns.overwrite)
+            out = export_gguf(ns.checkpoint, ns.out_dir, ns.target, ns.overwrite, ns.gguf_type)
         else:
             out = export_draft(ns.checkpoint, ns.out_dir, ns.layout, ns.quant, ns.target_head, ns.dtype,
                                ns.overwrite)

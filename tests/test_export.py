@@ -308,3 +308,15 @@ def test_a_latest_pointer_to_a_missing_step_is_one_line(tmp_path):
     out = run_cli(["export", str(run), str(tmp_path / "out")], cwd=tmp_path, check=False)
     assert out.returncode == 2 and "no draft checkpoint" in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--layout", "gguf", "--gguf-type", "q4_k"], "--gguf-type: llama.cpp loads a specft draft written as"),
+    (["--gguf-type", "q8_0"], "--gguf-type q8_0: only --layout gguf writes GGUF weights"),
+])
+def test_a_draft_gguf_type_llamacpp_cannot_load_is_one_line_and_nothing_is_written(tmp_path, args, line):
+    folder, _ = _checkpoint(tmp_path)
+    out = run_cli(["export", str(folder), str(tmp_path / "out"), *args], cwd=tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and line in errors[0], out.stderr
+    assert not (tmp_path / "out").exists()

@@ -187,7 +187,8 @@ def test_the_probe_reproduces_the_fixture_oracle():
 
 
 @llamacpp
-def test_a_draft_trained_on_a_gguf_exports_and_llama_server_speculates_with_it(tmp_path):
+@pytest.mark.parametrize("gguf_type", ["f16", "q8_0", "q4_0"])
+def test_a_draft_trained_on_a_gguf_exports_and_llama_server_speculates_with_it(tmp_path, gguf_type):
     from specft.export.gguf import check_pair
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
@@ -196,10 +197,16 @@ def test_a_draft_trained_on_a_gguf_exports_and_llama_server_speculates_with_it(t
     target = gguf_file("Q4_K_M")
     run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
              "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
-    run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
+    run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf", "--gguf-type", gguf_type],
+            cwd=tmp_path)
     drafts = list((tmp_path / "export").glob("*.gguf"))
     assert len(drafts) == 1
     check_pair(target, drafts[0])
+    import gguf
+
+    kinds = {t.tensor_type.name for t in gguf.GGUFReader(str(drafts[0])).tensors if t.name.endswith(".weight")
+             and len(t.shape) == 2 and "norm" not in t.name}
+    assert gguf_type.upper() in kinds, kinds
     with LlamaServer(ServerOptions(target, drafts[0], draft_n=3, threads=1)) as server:
         out = server.complete(list(range(20, 60)), 16, stop_at_eos=False)
     assert len(out["tokens"]) == 16

@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 
 DRAFT_FILE = "draft.gguf"
 
+# the draft's weight type -> how it is written: the converter's --outtype, then llama-quantize's
+# type when the converter has none. Q8_0 and Q4_0 blocks of 32 divide every EAGLE-3 and
+# DFlash width; the 256-wide K- and i-quants would not (576 = 2.25 x 256), so llama-quantize
+# would silently fall back per tensor, and they are not offered.
+GGUF_TYPES = {"f32": ("f32", None), "f16": ("f16", None), "bf16": ("bf16", None), "q8_0": ("q8_0", None),
+              "q4_0": ("f16", "Q4_0")}
+
 
 def _eagle3_refusal(meta: dict) -> str | None:
     if meta.get("qk_norm"):
@@ -68,11 +75,14 @@ CONVERTIBLE = {"eagle3": GgufDraft("eagle3", "draft-eagle3", "eagle3", _eagle3_r
 
 
 def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path | None = None,
-                overwrite: bool = False) -> Path:
+                overwrite: bool = False, gguf_type: str = "f16") -> Path:
     from specft.eval.drafts import load_draft, resolve_checkpoint
     from specft.export import _meta
-    from specft.llamacpp.convert import hf_to_gguf
+    from specft.llamacpp.convert import hf_to_gguf, quantize
 
+    if gguf_type not in GGUF_TYPES:
+        raise SpecftError(f"--gguf-type: llama.cpp loads a specft draft written as {', '.join(GGUF_TYPES)}; got "
+                          f"{gguf_type!r} (the 256-wide K- and i-quants do not divide the draft's widths)")
     folder = resolve_checkpoint(checkpoint, "checkpoint")
     out = check_out_dir(Path(out_dir).expanduser(), overwrite)
     _, draft_config = load_draft(folder, field="checkpoint")
@@ -90,8 +100,11 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
         hf = export_draft(folder, tmp / "hf", layout=kind.layout, quant="none", dtype="float32")
         target_dir, pre_tokenizer = _target_dir(
             target or _run_target(folder) or (meta.get("verifier") or {}).get("name_or_path"), tmp / "target")
-        converted = hf_to_gguf(hf, tmp / DRAFT_FILE, outtype="f16", target_model_dir=target_dir,
+        outtype, requantize = GGUF_TYPES[gguf_type]
+        converted = hf_to_gguf(hf, tmp / DRAFT_FILE, outtype=outtype, target_model_dir=target_dir,
                                pre_tokenizer=pre_tokenizer)
+        if requantize:
+            converted = quantize(converted, tmp / f"{requantize}-{DRAFT_FILE}", requantize)
         facts = check_draft_gguf(converted, meta)
         with sibling_lock(out, "out_dir", "specft export"):
             check_out_dir(out, overwrite)
@@ -100,7 +113,8 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
             shutil.copyfile(converted, staged)
             os.chmod(staged, 0o644)
             os.replace(staged, out / DRAFT_FILE)
-            (out / "serving.json").write_text(json.dumps({"spec_type": kind.spec_type, **facts}, indent=2))
+            (out / "serving.json").write_text(json.dumps({"spec_type": kind.spec_type, "gguf_type": gguf_type,
+                                                          **facts}, indent=2))
     log.info("export: gguf draft (%s) -> %s", kind.spec_type, out / DRAFT_FILE)
     return out
 
