@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--ubatch", type=int, default=None, help="llama-server -ub (the draft context takes "
                     "the target's: its compute buffer grows with it; docs/serving.md)")
+    ap.add_argument("--reference-target", default=None, help="a --targets NAME: every other target's "
+                    "acceptance is also compared with each draft's on it (what a type costs a draft)")
     ap.add_argument("--acceptance-only", action="store_true", help="serve no target alone (what each type "
                     "costs a draft in acceptance; no speed ratios)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_llamacpp"))
@@ -147,6 +149,7 @@ def main() -> None:
     if args.from_json:
         result = json.loads(args.from_json.read_text())
         result.setdefault("reference", next(iter(result["drafts"])))
+        result["reference_target"] = args.reference_target or result.get("reference_target")
         return write(result, args.out)
     if not (args.targets and args.drafts and args.prompts_run):
         ap.error("--targets, --drafts and --prompts-run are required (or --from-json)")
@@ -188,7 +191,8 @@ def main() -> None:
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch,
               "targets": targets,
-              "drafts": {k: str(v) for k, v in drafts.items()}, "reference": next(iter(drafts)), "rows": rows}
+              "drafts": {k: str(v) for k, v in drafts.items()}, "reference": next(iter(drafts)),
+              "reference_target": args.reference_target, "rows": rows}
     write(result, args.out)
 
 
@@ -218,6 +222,28 @@ def add_comparisons(result: dict) -> None:
         if row is not ref:
             diff = paired_difference(per_prompt(ref), per_prompt(row), seed=0)
             row["acceptance_vs_reference"] = [diff["rate_difference"], *diff["rate_difference_ci"]]
+        # what a target type costs a draft: its acceptance against the same draft's on the
+        # reference target (the 16-bit model), paired over the same prompts
+        base = index.get((result.get("reference_target"), row["draft"], row["k"], row["slots"]))
+        if base is not None and base is not row:
+            diff = paired_difference(per_prompt(base), per_prompt(row), seed=0)
+            row["acceptance_vs_reference_target"] = [diff["rate_difference"], *diff["rate_difference_ci"]]
+
+
+def type_cost_table(result: dict) -> str:
+    """Per draft and target type: acceptance and its paired difference from the same draft
+    on the reference target."""
+    lines = [f"| target | draft | k | slots | acceptance [95% CI] | - {result['reference_target']} [95% CI] |",
+             "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["draft"] == "alone":
+            continue
+        lo, hi = r["acceptance_ci"]
+        d = r.get("acceptance_vs_reference_target")
+        diff = f"{100 * d[0]:+.1f} pts [{100 * d[1]:+.1f}, {100 * d[2]:+.1f}]" if d else "-"
+        lines.append(f"| {r['target']} | {r['draft']} | {r['k']} | {r['slots']} | {r['acceptance']:.3f} [{lo:.3f}, "
+                     f"{hi:.3f}] ({r['accepted']}/{r['drafted']}) | {diff} |")
+    return "\n".join(lines)
 
 
 def table(result: dict) -> str:
@@ -242,6 +268,8 @@ def table(result: dict) -> str:
 def write(result: dict, out: Path) -> None:
     add_comparisons(result)
     md = table(result)
+    if result.get("reference_target"):
+        md += "\n\n" + type_cost_table(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_llamacpp.json").write_text(json.dumps(result, indent=2))
     (out / "bench_llamacpp.md").write_text(md + "\n")
