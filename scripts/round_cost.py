@@ -9,8 +9,10 @@ llama.cpp's counter) exceeds
 
     a* = (R(k) / V(1) - 1) / k.
 
-- V(N): llama-bench on each target, N = 1..6 rows decoded in one batch after --depth tokens
-  of context, one thread, --repetitions runs each (mean and spread).
+- V(N): the CPU time of one decode of N = 1..6 rows (llama-bench, one thread, at an empty
+  context: the attention over a few hundred tokens is small beside the products), from
+  the difference between runs of 2 and 2 + --repetitions repetitions (model load and
+  warm-up cancel), three such samples (mean and spread).
 - D: from a bench_llamacpp.json (--bench, one server thread, CPU seconds counted), per draft
   row at one slot: the server's CPU time on the same prompts, less the target alone's
   prompt processing (its CPU time less V(1) per token it generated), less V(k+1) per round,
@@ -33,17 +35,38 @@ import sys
 from pathlib import Path
 
 
-def verify_costs(gguf: Path, rows: list[int], depth: int, repetitions: int, threads: int) -> dict[int, dict]:
-    """N -> {mean_ms, sd_ms, samples_ms} of one decode of N rows (llama-bench -p N -n 0)."""
+def _cpu_seconds_of(args: list[str]) -> float:
+    """The CPU time (user + system) a child command spends, whatever else runs on the machine."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=3600)  # a hang bound
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        sys.exit(f"llama-bench failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def verify_costs(gguf: Path, rows: list[int], repetitions: int, threads: int, samples: int = 3) -> dict[int, dict]:
+    """N -> {mean_ms, sd_ms, samples_ms}: the CPU time of one decode of N rows, from llama-bench
+    (-p N -n 0, one thread) run with 2 and with 2 + ``repetitions`` repetitions: the
+    difference over ``repetitions`` leaves out the model load and warm-up. CPU time, not
+    llama-bench's wall clock, so other jobs on the machine do not inflate it."""
+    from statistics import mean, stdev
+
     from specft.llamacpp.install import binary
 
-    args = [str(binary("llama-bench")), "-m", str(gguf), "-p", ",".join(map(str, rows)), "-n", "0",
-            "-d", str(depth), "-t", str(threads), "-r", str(repetitions), "-o", "json"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=3600)  # a hang bound
-    if done.returncode != 0:
-        sys.exit(f"llama-bench failed on {gguf}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
-    return {r["n_prompt"]: {"mean_ms": r["avg_ns"] / 1e6, "sd_ms": r["stddev_ns"] / 1e6,
-                            "samples_ms": [s / 1e6 for s in r["samples_ns"]]} for r in json.loads(done.stdout)}
+    base = [str(binary("llama-bench")), "-m", str(gguf), "-n", "0", "-t", str(threads), "-o", "json"]
+    out = {}
+    for n in rows:
+        per_decode = []
+        for _ in range(samples):
+            few = _cpu_seconds_of([*base, "-p", str(n), "-r", "2"])
+            many = _cpu_seconds_of([*base, "-p", str(n), "-r", str(2 + repetitions)])
+            per_decode.append(1e3 * (many - few) / repetitions)
+        out[n] = {"mean_ms": mean(per_decode), "sd_ms": stdev(per_decode) if len(per_decode) > 1 else 0.0,
+                  "samples_ms": per_decode}
+    return out
 
 
 def draft_costs(bench: dict, costs: dict[str, dict[int, dict]]) -> list[dict]:
@@ -51,8 +74,10 @@ def draft_costs(bench: dict, costs: dict[str, dict[int, dict]]) -> list[dict]:
     acceptance a* and the acceptance the draft reached."""
     out = []
     alone = {r["target"]: r for r in bench["rows"] if r["draft"] == "alone" and r["slots"] == 1}
+    model_drafts = {name for name, spec in bench["drafts"].items() if not str(spec).startswith("ngram:")}
     for row in bench["rows"]:
-        if row["draft"] == "alone" or row["slots"] != 1 or row["target"] not in costs or row["target"] not in alone:
+        if row["draft"] not in model_drafts or row["slots"] != 1 or row["target"] not in costs \
+                or row["target"] not in alone:
             continue
         v, k = costs[row["target"]], row["k"]
         cpu = [r.get("cpu_seconds") for r in row["runs"]]
@@ -79,13 +104,12 @@ def main() -> None:
     ap.add_argument("--targets", nargs="+", required=True, help="NAME=FILE.gguf (names as in --bench)")
     ap.add_argument("--bench", type=Path, help="a bench_llamacpp.json with CPU seconds (one server thread)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
-    ap.add_argument("--depth", type=int, default=128, help="context tokens before the measured decode")
-    ap.add_argument("--repetitions", type=int, default=5)
+    ap.add_argument("--repetitions", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/round_cost"))
     args = ap.parse_args()
     targets = dict(t.split("=", 1) for t in args.targets)
-    costs = {name: verify_costs(Path(path), args.rows, args.depth, args.repetitions, args.threads)
+    costs = {name: verify_costs(Path(path), args.rows, args.repetitions, args.threads)
              for name, path in targets.items()}
     lines = ["| target | " + " | ".join(f"V({n})/V(1)" for n in args.rows) + " | V(1) ms |",
              "|---|" + "---|" * (len(args.rows) + 1)]
@@ -108,7 +132,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "round_cost.json").write_text(json.dumps(
-        {"machine": machine(), "llamacpp": install_record(), "depth": args.depth, "threads": args.threads,
+        {"machine": machine(), "llamacpp": install_record(), "threads": args.threads,
          "repetitions": args.repetitions, "targets": targets, "verify_ms": costs, "drafts": drafts}, indent=1))
     print("\n".join(lines))
     print(f"wrote {args.out / 'round_cost.json'}")
