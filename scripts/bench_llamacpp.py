@@ -4,8 +4,12 @@ For every target GGUF, draft (a run, exported with `specft export --layout gguf`
 draft .gguf) and k, at one slot (batch 1) and at 16 concurrent requests (-np 16,
 continuous batching): generated tokens/s (min, median and max over --repeats runs, the
 configurations alternating within each repeat so the machine's drift hits all alike),
-acceptance from llama.cpp's own counters (draft_n, draft_n_accepted), and the server's
-peak RSS. Ratios are against the target alone and against the first draft (the usual
+generated tokens per CPU-second of the server (robust to other jobs with one server
+thread), acceptance from llama.cpp's own counters (draft_n, draft_n_accepted), and the
+server's peak RSS. A draft may also be llama.cpp's draft-free speculation
+(NAME=ngram:ngram-simple); --ubatch sets -ub (the draft context's buffers scale with it);
+--reference-target pairs each target's acceptance with the same draft's on one target
+(what a GGUF type costs a draft). Ratios are against the target alone and against the first draft (the usual
 recipe) in the same run. Prints a table and writes bench_llamacpp.json (per-prompt token
 counts included).
 
