@@ -80,12 +80,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[list[int]], max_new_tokens: int,
-          threads: int, spec_type: str = "draft-eagle3", extra: list[str] | None = None) -> dict:
+          threads: int, spec_type: str = "draft-eagle3", extra: list[str] | None = None, p_min: float = 0.0) -> dict:
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
     if isinstance(draft, str) and draft.startswith(NGRAM):
         draft, spec_type = None, draft.removeprefix(NGRAM)
-    options = ServerOptions(target, draft, spec_type=spec_type, draft_n=k, slots=slots, threads=threads,
+    options = ServerOptions(target, draft, spec_type=spec_type, draft_n=k, slots=slots, threads=threads, p_min=p_min,
                             ctx_per_slot=max(map(len, prompts)) + max_new_tokens + 16, extra=list(extra or []))
     with LlamaServer(options) as server:
         server.complete(prompts[0], 8)  # warm-up
@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--p-min", type=float, default=0.0, help="llama-server --spec-draft-p-min: 0 drafts k every "
+                    "round; above, dynamic draft length (acceptance CIs then count rounds as drafted / k)")
     ap.add_argument("--ubatch", type=int, default=None, help="llama-server -ub (the draft context takes "
                     "the target's: its compute buffer grows with it; docs/serving.md)")
     ap.add_argument("--reference-target", default=None, help="a --targets NAME: every other target's "
@@ -179,7 +181,7 @@ def main() -> None:
         for slots in args.slots:
             for t, d, k in configs:
                 r = serve(Path(targets[t]), drafts[d] if d else None, k, slots, prompts, args.max_new_tokens,
-                          args.threads, extra=["-ub", str(args.ubatch)] if args.ubatch else None)
+                          args.threads, extra=["-ub", str(args.ubatch)] if args.ubatch else None, p_min=args.p_min)
                 runs.setdefault((t, d, k, slots), []).append(r)
                 print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
                       + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
@@ -193,7 +195,7 @@ def main() -> None:
         rows.append(row)
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch,
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch, "p_min": args.p_min,
               "targets": targets,
               "drafts": {k: str(v) for k, v in drafts.items()}, "reference": next(iter(drafts)),
               "reference_target": args.reference_target, "rows": rows}

@@ -30,6 +30,7 @@ class ServerOptions:
     slots: int = 1  # -np: parallel sequences (continuous batching)
     threads: int | None = None
     ctx_per_slot: int = 2048
+    p_min: float = 0.0  # --spec-draft-p-min: 0 drafts k tokens every round; above, the round stops at a less confident one
     extra: list[str] = field(default_factory=list)
 
     def args(self, port: int) -> list[str]:
@@ -39,11 +40,11 @@ class ServerOptions:
         if self.threads:
             args += ["-t", str(self.threads), "-tb", str(self.threads)]
         if self.draft is not None or self.spec_type.startswith("ngram"):
-            # always k drafted tokens (no early stop on draft confidence), as specft eval counts;
-            # the ngram types draft from the context itself, with no draft model
+            # by default k drafted tokens every round (no early stop on draft confidence), as
+            # specft eval counts; the ngram types draft from the context itself, with no draft model
             model = ["-md", str(self.draft)] if self.draft is not None else []
             args += [*model, "--spec-type", self.spec_type, "--spec-draft-n-max", str(self.draft_n),
-                     "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+                     "--spec-draft-n-min", "0", "--spec-draft-p-min", str(self.p_min)]
         return args + self.extra
 
 
