@@ -114,6 +114,8 @@ def _tiny_gguf(path, arch="llama", tensor="blk.0.attn_q.weight", shape=(4, 32), 
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(4)])
     data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     if kind is None:
         writer.add_tensor(tensor, data)
@@ -180,6 +182,8 @@ def test_an_iq4_xs_token_embedding_is_refused_naming_the_fix(tmp_path):
     path = tmp_path / "iq4xs.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen3")
     writer.add_block_count(1)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(4)])
     # 4 rows of one 256-wide IQ4_XS block (136 bytes): zeros are a valid block (scale 0)
     writer.add_tensor("token_embd.weight", np.zeros((4, 136), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_XS)
     writer.write_header_to_file()
@@ -199,6 +203,39 @@ def test_a_folder_of_several_ggufs_and_a_damaged_file_are_refused(tmp_path):
     (tmp_path / "c.gguf").write_bytes(b"not a gguf at all")
     with pytest.raises(SpecftError, match="is not a readable GGUF file"):
         open_checkpoint(tmp_path / "c.gguf")
+
+
+def _header_only_gguf(path, arch, tokens: int | None, rows: int):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    if tokens is not None:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list([f"t{i}" for i in range(tokens)])
+    writer.add_tensor("token_embd.weight", np.zeros((rows, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("arch, tokens, rows, line", [
+    ("gemma3", 4, 4, "is a GGUF of architecture gemma3; specft runs llama, qwen3"),  # was transformers' KeyError
+    ("qwen3", None, 4, "holds no tokenizer (no tokenizer.ggml.tokens)"),  # was transformers' ValueError
+    ("qwen3", 4, 6, "tokenizer lists 4 tokens and its embedding has 6 rows"),  # was a size mismatch, after writing
+])
+def test_a_gguf_specft_cannot_run_is_one_line_before_anything_is_written(tmp_path, arch, tokens, rows, line):
+    """The header is checked before transformers' GGUF reader or the loader sees the file."""
+    from conftest import run_cli
+
+    bad = _header_only_gguf(tmp_path / "m.gguf", arch, tokens, rows)
+    out = run_cli(["train", "model=hf", f"model.path={bad}", "quant=checkpoint"], cwd=tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and line in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
 
 
 def test_the_cli_refuses_a_damaged_gguf_in_one_line(tmp_path):

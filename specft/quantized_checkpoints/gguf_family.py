@@ -100,10 +100,7 @@ class GgufFile(FormatFamily):
     def open(self, model_dir: Path) -> CheckpointQuant:
         path = gguf_path(Path(model_dir))
         reader = _reader(path)
-        arch = _field(reader, "general.architecture")
-        if arch not in ARCHITECTURES:
-            raise SpecftError(f"quant=checkpoint: {path.name} is a GGUF of architecture {arch}; specft runs "
-                              f"{', '.join(ARCHITECTURES)} GGUFs as llama.cpp does (docs/checkpoints.md)")
+        arch = check_header(path, reader)
         types = {t.name: t.tensor_type.name for t in reader.tensors}
         _check_types(path, types)
         kinds = sorted({v for k, v in types.items() if not NOT_MATMULS.fullmatch(k)} - {"F32"})
@@ -176,6 +173,26 @@ def _check_types(path: Path, types: dict[str, str]) -> None:
                               "ones included)")
 
 
+def check_header(path: Path, reader) -> str:
+    """The header facts specft needs before anything reads the file further (transformers'
+    GGUF reader included, which raises on what it does not know): an architecture specft
+    runs, a tokenizer, and one token per embedding row. Returns the architecture."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise SpecftError(f"quant=checkpoint: {path.name} is a GGUF of architecture {arch}; specft runs "
+                          f"{', '.join(ARCHITECTURES)} GGUFs as llama.cpp does (docs/checkpoints.md)")
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise SpecftError(f"model.path: {path.name} holds no tokenizer (no tokenizer.ggml.tokens); convert the model "
+                          "again with llama.cpp's convert_hf_to_gguf.py, which writes it")
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    rows = int(embedding.shape[1]) if embedding is not None and len(embedding.shape) > 1 else None
+    if rows is not None and rows != len(tokens.data):
+        raise SpecftError(f"model.path: {path.name}'s tokenizer lists {len(tokens.data)} tokens and its embedding has "
+                          f"{rows} rows; the file is damaged or was assembled by hand: convert the model again")
+    return arch
+
+
 def hf_config(path: Path, reader=None):
     """The transformers config a GGUF's header describes. transformers maps no head width
     from a GGUF, so a Qwen3 would get Qwen3Config's default 128 whatever the file says:
@@ -183,6 +200,7 @@ def hf_config(path: Path, reader=None):
     from transformers import AutoConfig
 
     reader = reader or _reader(path)
+    check_header(path, reader)
     try:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     except (OSError, ValueError, KeyError, struct.error) as err:
