@@ -238,6 +238,18 @@ def test_a_gguf_specft_cannot_run_is_one_line_before_anything_is_written(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
 
 
+def test_a_folder_of_ggufs_given_as_a_checkpoint_directory_names_the_gguf(tmp_path):
+    from conftest import run_cli
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tiny-Q8_0.gguf").write_bytes(gguf_file("Q8_0").read_bytes())
+    out = run_cli(["train", "model=hf", f"model.path={folder}"], cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "holds no config.json but 1 .gguf file(s) (tiny-Q8_0.gguf)" in out.stderr
+    assert "model.path=" in out.stderr and "quant=checkpoint" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
 def test_the_cli_refuses_a_damaged_gguf_in_one_line(tmp_path):
     from conftest import run_cli
 

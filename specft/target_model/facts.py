@@ -80,6 +80,11 @@ def fill_model_facts(cfg: DictConfig) -> None:
         raise ConfigError(f"model.path: model={model.get('name')} reads its architecture from a local "
                           "checkpoint; give model.path=DIR")
     if not gguf and not (model_dir / "config.json").is_file():
+        ggufs = sorted(p.name for p in model_dir.glob("*.gguf")) if model_dir.is_dir() else []
+        if ggufs:
+            raise ConfigError(f"model.path: {path} holds no config.json but {len(ggufs)} .gguf file(s) "
+                              f"({', '.join(ggufs[:3])}); give model.path=DIR/{ggufs[0]} quant=checkpoint to run "
+                              "the GGUF as llama.cpp does")
         raise ConfigError(f"model.path: {path} is not a checkpoint directory (no config.json); model="
                           f"{model.get('name')} reads {wanted[0]} and the other facts from it")
     facts = checkpoint_facts(model_dir)
