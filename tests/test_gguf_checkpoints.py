@@ -262,6 +262,27 @@ def test_the_cli_refuses_a_damaged_gguf_in_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
 
 
+
+@pytest.mark.parametrize("kind", ["Q8_0", "MXFP4"])
+def test_a_gguf_whose_scales_are_nan_is_refused_at_load_naming_the_tensor(tmp_path, kind):
+    """A NaN block scale is a damaged file (#63): named at load, not blamed on an overflow
+    once stage 1's hidden states turn non-finite."""
+    import gguf
+
+    from specft.target_model import load_target
+
+    damaged = tmp_path / f"tiny-{kind}.gguf"
+    damaged.write_bytes(gguf_file(kind).read_bytes())
+    tensor = next(t for t in gguf.GGUFReader(str(damaged)).tensors if t.name == "blk.1.attn_q.weight")
+    with open(damaged, "r+b") as f:  # the first block's scale: Q8_0's f16 d, MXFP4's E8M0 byte
+        f.seek(tensor.data_offset)
+        f.write(b"\x00\x7e" if kind == "Q8_0" else b"\xff")
+    cfg = root_cfg("model=hf", f"model.path={damaged}", "quant=checkpoint", "model.dtype=float32", AUX)
+    with pytest.raises(SpecftError, match=r"model.layers.1.self_attn.q_proj.weight in the checkpoint at .* holds "
+                                          r"\d+ non-finite values \(NaN/Inf\) once dequantized; the file is damaged"):
+        load_target(cfg.model)
+
+
 # -- the user's path: train on the GGUF, eval ------------------------------------------------
 
 def test_train_and_eval_against_a_gguf(tmp_path):

@@ -3,6 +3,7 @@
 quantizers, its probe, the GGUF export of a draft and llama-server serving it."""
 
 import ctypes
+import functools
 import json
 import platform
 import stat
@@ -45,6 +46,67 @@ def test_a_server_without_eagle3_drafts_is_refused(tmp_path, monkeypatch):
         install.check_install(root)
     good = _fake_install(tmp_path / "q")
     assert install.check_install(good) == good
+
+
+
+# An engine's outputs are read as untrusted (#63): a tool that exits 0 but writes nothing
+# usable, or an install whose converter cannot import what it needs, is one line naming
+# the install and the command that rebuilds it.
+def _fake_tool_install(tmp_path, monkeypatch, converter_body: str, probe_body: str = "exit 0"):
+    import hashlib
+
+    monkeypatch.setattr(install, "machine_isa", lambda: {"AVX", "AVX2"})
+    root = _fake_install(tmp_path / "prefix")
+    probe_sha = hashlib.sha256((Path(install.__file__).with_name("probe.cpp")).read_bytes()).hexdigest()
+    (root / "install.json").write_text(json.dumps({"isa": "AVX", "machine": platform.machine(),
+                                                   "probe_sha256": probe_sha}))
+    (root / "src").mkdir()
+    (root / "src" / "convert_hf_to_gguf.py").write_text(converter_body)
+    probe = root / "bin" / "specft-llama-probe"
+    probe.write_text(f"#!/bin/sh\n{probe_body}\n")
+    probe.chmod(probe.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("SPECFT_LLAMACPP", str(root))
+    # check_install remembers its answer per process: a fresh one for this prefix, the
+    # real one back after the test
+    monkeypatch.setattr(install, "check_install", functools.cache(install.check_install.__wrapped__))
+    return root
+
+
+WRITES_GARBAGE = "import sys\nopen(sys.argv[sys.argv.index('--outfile') + 1], 'wb').write(b'not a gguf')\n"
+
+
+@pytest.mark.parametrize("body, needle", [
+    (WRITES_GARBAGE, "exited 0 but wrote a file that is not GGUF"),
+    ("pass\n", "exited 0 but wrote no file"),
+    ("import conversion.base\n", "is not the version specft installs"),
+    ("import sentencepiece_not_installed_here\n", "this Python lacks a module llama.cpp's converter imports"),
+])
+def test_a_converter_that_misbehaves_is_one_line_naming_the_rebuild(tmp_path, monkeypatch, body, needle):
+    from specft.llamacpp.convert import hf_to_gguf
+
+    root = _fake_tool_install(tmp_path, monkeypatch, body)
+    with pytest.raises(SpecftError) as err:
+        hf_to_gguf(tmp_path, tmp_path / "draft.gguf")
+    line = str(err.value)
+    assert needle in line and "bash scripts/install_llamacpp.sh" in line and "\n" not in line, line
+    assert str(root) in line or "No module named" in line
+
+
+@pytest.mark.parametrize("probe_body, needle", [
+    ("exit 0", "FileNotFoundError"),  # exits 0, writes nothing
+    ("echo '{\"rows\": [2], \"n_embd\": 4, \"n_vocab\": 8}' > \"$3/meta.json\"; "
+     "head -c 12 /dev/zero > \"$3/logits.f32\"; echo '1 2' > \"$3/tokens.txt\"", "logits.f32 holds 3 floats"),
+    ("echo '{\"rows\": [2, 2], \"n_embd\": 4, \"n_vocab\": 8}' > \"$3/meta.json\"", "rows [2, 2] for 1 seq"),
+    ("echo 'garbage' > \"$3/meta.json\"", "JSONDecodeError"),
+])
+def test_a_probe_that_exits_0_without_its_results_is_one_line(tmp_path, monkeypatch, probe_body, needle):
+    from specft.llamacpp.probe import run_probe
+
+    _fake_tool_install(tmp_path, monkeypatch, "pass\n", probe_body)
+    with pytest.raises(SpecftError, match="specft-llama-probe exited 0 but its results for .* are missing or "
+                                          "damaged") as err:
+        run_probe(tmp_path / "m.gguf", [[1, 2]])
+    assert needle in str(err.value) and "install_llamacpp.sh" in str(err.value)
 
 
 APPLY_PATCHES = Path(__file__).resolve().parent.parent / "scripts" / "apply_llamacpp_patches.sh"

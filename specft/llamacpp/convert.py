@@ -3,19 +3,52 @@ llama-quantize for the quantized types. specft writes no GGUF itself."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from specft.errors import SpecftError
-from specft.llamacpp.install import binary, converter
+from specft.llamacpp.install import INSTALL_COMMAND, binary, converter, prefix
+
+GGUF_MAGIC = b"GGUF"
 
 
 def _run(args: list[str], what: str, env: dict | None = None, timeout_s: float = 3600) -> None:
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout_s)
     if done.returncode != 0:
         last = [ln for ln in (done.stderr or done.stdout).strip().splitlines() if ln.strip()]
-        raise SpecftError(f"{what} failed: {last[-1] if last else f'exit code {done.returncode}'}")
+        raise SpecftError(f"{what} failed: {_cause(last[-1]) if last else f'exit code {done.returncode}'}")
+
+
+def _cause(last_line: str) -> str:
+    """The tool's last line, with what to do when it says the install is incomplete: a
+    module the converter imports is missing (a Python environment the install script did
+    not set up), or llama.cpp's own conversion package (a tree of another llama.cpp)."""
+    missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", last_line)
+    if not missing:
+        return last_line
+    module = missing.group(1)
+    why = (f"the llama.cpp tree at {prefix()} is not the version specft installs"
+           if module.split(".")[0] in ("conversion", "gguf", "convert_hf_to_gguf") else
+           "this Python lacks a module llama.cpp's converter imports")
+    return f"{last_line} ({why}; run `{INSTALL_COMMAND}` with this Python: it reuses the build and installs " \
+           "what the converter needs)"
+
+
+def _check_written(path: Path, what: str) -> Path:
+    """An engine's output is read as untrusted: a tool that exits 0 must have written a
+    GGUF file where it was told to."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError:
+        head = None
+    if head != GGUF_MAGIC:
+        found = "no file" if head is None else "a file that is not GGUF"
+        raise SpecftError(f"{what} exited 0 but wrote {found} at {path}; the llama.cpp install at {prefix()} "
+                          f"misbehaves: rebuild it with `{INSTALL_COMMAND}`")
+    return path
 
 
 # convert_hf_to_gguf.py with its pre-tokenizer answer fixed: it recognizes a tokenizer by a
@@ -43,7 +76,7 @@ def hf_to_gguf(model_dir: Path, out_file: Path, outtype: str = "f16", target_mod
     if target_model_dir is not None:
         args += ["--target-model-dir", str(target_model_dir)]
     _run(args, f"convert_hf_to_gguf.py {model_dir}", env)
-    return out_file
+    return _check_written(out_file, "convert_hf_to_gguf.py")
 
 
 def quantize(f16_gguf: Path, out_file: Path, kind: str, threads: int = 2, tensor_types: dict | None = None,
@@ -55,7 +88,7 @@ def quantize(f16_gguf: Path, out_file: Path, kind: str, threads: int = 2, tensor
     with_imatrix = ["--imatrix", str(imatrix)] if imatrix else []
     _run([str(binary("llama-quantize")), *overrides, *with_imatrix, str(f16_gguf), str(out_file), kind, str(threads)],
          f"llama-quantize {kind}")
-    return out_file
+    return _check_written(out_file, f"llama-quantize {kind}")
 
 
 def flat_imatrix(f32: Path, out: Path) -> Path:

@@ -61,12 +61,28 @@ def run_probe(gguf: Path, sequences: list[list[int]], *, layers: tuple[int, ...]
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         if done.returncode != 0:
             raise SpecftError(f"specft-llama-probe failed on {gguf} ({done.stderr.strip()[-300:]})")
-        meta = json.loads((tmp / "meta.json").read_text())
-        width = meta["n_embd"]
-        flat_logits = np.fromfile(tmp / "logits.f32", dtype=np.float32).reshape(-1, meta["n_vocab"]) if logits else None
-        hidden = (np.fromfile(tmp / "hidden.f32", dtype=np.float32).reshape(-1, len(layers), width)
-                  if layers else None)
-        flat_final = np.fromfile(tmp / "final.f32", dtype=np.float32).reshape(-1, width) if final else None
-        predicted = [[int(t) for t in line.split()] for line in (tmp / "tokens.txt").read_text().splitlines()]
-    rows = meta["rows"]
+        try:
+            return _read_results(tmp, len(sequences), layers, logits, final)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise SpecftError(f"specft-llama-probe exited 0 but its results for {gguf} are missing or damaged "
+                              f"({type(err).__name__}: {err}); rebuild the probe with `{INSTALL_COMMAND}`") from None
+
+
+def _read_results(out: Path, sequences: int, layers: tuple[int, ...], logits: bool, final: bool) -> ProbeResult:
+    """The probe's files, read as untrusted: every array the size its meta.json says."""
+    meta = json.loads((out / "meta.json").read_text())
+    rows, width, vocab = [int(r) for r in meta["rows"]], int(meta["n_embd"]), int(meta["n_vocab"])
+    if len(rows) != sequences or min(rows, default=0) < 1:
+        raise ValueError(f"meta.json lists rows {rows} for {sequences} sequences")
+
+    def array(name: str, per_row: int) -> np.ndarray:
+        data = np.fromfile(out / name, dtype=np.float32)
+        if data.size != sum(rows) * per_row:
+            raise ValueError(f"{name} holds {data.size} floats, not {sum(rows)} rows of {per_row}")
+        return data.reshape(sum(rows), per_row)
+
+    flat_logits = array("logits.f32", vocab) if logits else None
+    hidden = array("hidden.f32", len(layers) * width).reshape(-1, len(layers), width) if layers else None
+    flat_final = array("final.f32", width) if final else None
+    predicted = [[int(t) for t in line.split()] for line in (out / "tokens.txt").read_text().splitlines()]
     return ProbeResult(_split(flat_logits, rows), _split(hidden, rows), predicted, _split(flat_final, rows))

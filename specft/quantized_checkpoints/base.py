@@ -103,6 +103,17 @@ def need(tensors: dict[str, torch.Tensor], key: str, where: str = "") -> torch.T
     return tensors[key]
 
 
+def check_finite(name: str, tensor: torch.Tensor, where: str | Path) -> torch.Tensor:
+    """A weight as the checkpoint stores it, dequantized, must be finite: a NaN or Inf
+    scale is a damaged file, named here at load (later it would surface as non-finite
+    hidden states, with another cause guessed)."""
+    if tensor.is_floating_point() and tensor.device.type != "meta" and not torch.isfinite(tensor).all():
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise SpecftError(f"model.path: {name} in the checkpoint at {where} holds {bad} non-finite values (NaN/Inf) "
+                          "once dequantized; the file is damaged: download or quantize it again")
+    return tensor
+
+
 def release_freed_memory() -> None:
     """Hands freed heap memory back to the OS (glibc's malloc_trim; a no-op elsewhere).
     A packed load keeps each layer's small stored tensors and frees the dense weight it
@@ -208,12 +219,13 @@ class CheckpointQuant:
         """One quantized layer's weight: dequantized into ``state`` now, or (packed) kept
         as ``stored`` with the same ``dequantize`` for its PackedLinear."""
         if self.sink is not None:
-            self.sink(f"{name}.weight", dequantize(stored).to(dtype))
+            self.sink(f"{name}.weight", check_finite(f"{name}.weight", dequantize(stored).to(dtype), self.model_dir))
             return
         if not self.packed:
             state[f"{name}.weight"] = dequantize(stored).to(dtype)
             return
-        dequantize(stored)  # a bad shape or index is refused at load, not at the first forward
+        # a bad shape, index or scale is refused at load, not at the first forward
+        check_finite(f"{name}.weight", dequantize(stored), self.model_dir)
         release_freed_memory()
         state.pop(f"{name}.weight", None)  # stored codes some families passed through (int8 "weight")
         bias = state.pop(f"{name}.bias", None)

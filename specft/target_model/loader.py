@@ -15,6 +15,7 @@ from specft.device import resolve_dtype
 from specft.errors import ConfigError
 from specft.paths import models_dir
 from specft.quantized_checkpoints import check_unquantized, description_patterns, open_checkpoint
+from specft.quantized_checkpoints.base import check_finite
 from specft.registry import Registry
 from specft.target_model.local_checkpoint import ensure_checkpoint_dir
 from specft.target_model.tiny import build_tiny, tiny_dir_name
@@ -202,6 +203,8 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
         writer = checkpoint.sink = PartitionWriter(model, zero3_edit, tied)
     with expert_views(model):  # per-expert Linears where transformers fuses a layer's experts
         state = checkpoint.load_state(model, dtype)
+    for name, tensor in state.items():  # put_weight checked the ones it made; this is the rest
+        check_finite(name, tensor, where)
     for name in fused_experts(model):  # refused at load, run by apply_quant
         checkpoint.experts[name] = expert_input_quantizers(name, checkpoint.layers)
     if zero3:
