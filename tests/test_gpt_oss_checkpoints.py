@@ -90,6 +90,14 @@ def test_a_missing_scale_is_named(tmp_path):
         checkpoint_model(broken, *BF16)
 
 
+
+def test_a_missing_block_tensor_is_named_not_called_stray(tmp_path):
+    broken = _edit(tmp_path, lambda t: t.pop("model.layers.3.mlp.experts.gate_up_proj_blocks"))
+    with pytest.raises(SpecftError, match=r"model.layers.3.mlp.experts.gate_up_proj_scales is stored without its "
+                                          r"model.layers.3.mlp.experts.gate_up_proj_blocks; the checkpoint is "
+                                          r"incomplete"):
+        checkpoint_model(broken, *BF16)
+
 def test_packed_and_partitioned_loads_are_refused_in_one_line(tmp_path):
     from test_bad_inputs import _run_unchanged
 

@@ -133,6 +133,17 @@ def test_an_unsupported_layout_is_one_line(tmp_path, name, edit, message):
         open_checkpoint(other)
 
 
+
+def test_a_config_that_contradicts_its_tensors_is_refused_not_resolved(tmp_path):
+    """zero_point: false beside stored qzeros (#63): read as symmetric, every zero point
+    would be 8 and the stored ones ignored, where vLLM's AWQ kernel applies them."""
+    contradicted = _copy(tmp_path, "awq_autoround")
+    _edit_config(contradicted, zero_point=False)
+    with pytest.raises(SpecftError, match=r"model.layers.0.self_attn.q_proj.qzeros is stored, but the "
+                                          r"quantization_config says zero_point: false; the config and the tensors "
+                                          r"disagree"):
+        checkpoint_model(contradicted, *FP16)
+
 def test_a_g_idx_that_is_not_a_permutation_of_the_groups_is_named(tmp_path):
     broken = _copy(tmp_path, "gptq_actorder")
     key = "model.layers.2.mlp.up_proj.g_idx"

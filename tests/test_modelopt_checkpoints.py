@@ -103,6 +103,18 @@ def test_another_algorithm_is_named(tmp_path):
         open_checkpoint(other)
 
 
+
+def test_an_export_without_its_hf_quant_config_is_told_which_file_is_missing(tmp_path):
+    """Not "specft does not know modelopt" in a line that lists modelopt as supported (#63)."""
+    from specft.quantized_checkpoints import check_unquantized
+
+    other = _copy(tmp_path)
+    (other / "hf_quant_config.json").unlink()
+    assert json.loads((other / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
+    with pytest.raises(SpecftError, match=r"names quant_method 'modelopt', but the modelopt checkpoint's "
+                                          r"hf_quant_config.json is missing; copy it from the quantizer's output"):
+        check_unquantized(other)
+
 def test_another_kv_cache_scheme_is_refused(tmp_path):
     other = _copy(tmp_path)
     config = json.loads((other / "hf_quant_config.json").read_text())

@@ -57,6 +57,16 @@ def stored_bits(model_dir: str | Path, in_features: float) -> tuple[str, float |
     return family.name, family.stored_bits(qcfg, in_features)
 
 
+def family_of_method(method: str | None) -> FormatFamily | None:
+    """The family a config.json's quant_method names (by its registry name or the methods
+    it declares)."""
+    for name in CHECKPOINT_FORMATS.names:
+        family = CHECKPOINT_FORMATS.get(name)
+        if method is not None and (method == name or method in family.methods):
+            return family
+    return None
+
+
 def supported() -> list[str]:
     return [n for n in CHECKPOINT_FORMATS.names if CHECKPOINT_FORMATS.get(n).supported]
 
@@ -76,6 +86,11 @@ def check_unquantized(model_dir: str | Path) -> None:
     if not model_dir.is_dir() or not any(model_dir.glob("model*.safetensors")):
         return
     method = quant_method(model_dir)
+    family = family_of_method(method)
+    if family is not None and family.description_files:  # the family is read from a file that is not here
+        raise SpecftError(f"model.path: {model_dir}'s quantization_config names quant_method {method!r}, but the "
+                          f"{family.name} checkpoint's {' / '.join(family.description_files)} is missing; copy it "
+                          "from the quantizer's output beside config.json")
     if method is not None:
         raise SpecftError(f"model.path: {model_dir}'s quantization_config names quant_method {method!r}, which "
                           f"specft does not know; supported: {', '.join(supported())} (docs/checkpoints.md)")

@@ -249,6 +249,9 @@ class FormatFamily:
     # files beside config.json that say how the checkpoint is quantized: their contents
     # are part of the cache key's checkpoint fingerprint, as config.json's are
     description_files: tuple[str, ...] = ()
+    # config.json quant_method values that name this family besides its registry name
+    # (a checkpoint that names it but lacks its description file is told which file)
+    methods: tuple[str, ...] = ()
 
     def detect(self, model_dir: Path) -> bool:
         raise NotImplementedError

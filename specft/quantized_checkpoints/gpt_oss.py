@@ -82,6 +82,10 @@ class GptOssMxfp4(FormatFamily):
                 state[key] = dequantize_mxfp4(blocks, scales, key, full_shape(param)).to(dtype)
                 ckpt.layers[key] = LayerQuant(key, "mxfp4 group 32", None)
         stray = sorted(k for k in raw if k.endswith(SUFFIXES) and k.rsplit("_", 1)[0] not in ckpt.layers)
+        orphans = [k for k in stray if k.endswith("_scales") and f"{k[:-len('_scales')]}_blocks" not in raw]
+        if orphans:
+            raise SpecftError(f"model.path: {orphans[0]} is stored without its {orphans[0][:-len('_scales')]}_blocks; "
+                              "the checkpoint is incomplete: download it again")
         if stray:
             raise SpecftError(f"model.path: {stray[0]} belongs to no MXFP4 experts of the model")
         return state

@@ -181,6 +181,10 @@ class Awq(PackedIntFamily):
         check_shape(qweight, (inp, out // per_word), f"{name}.qweight", f"a [{out}, {inp}] int{scheme.bits} weight")
         check_shape(scales, (groups, out), f"{name}.scales", f"{groups} groups of {out} channels")
         codes = self._unpack(qweight, scheme.bits)
+        if scheme.sym and "qzeros" in local:  # vLLM's AWQ kernel would apply the stored ones
+            raise SpecftError(f"quant=checkpoint: {name}.qzeros is stored, but the quantization_config says "
+                              "zero_point: false; the config and the tensors disagree: set zero_point: true if the "
+                              "zeros are the quantizer's, or drop the qzeros tensors")
         if scheme.sym:  # no zero points stored: the codes are centred on 2**(bits-1)
             zeros = torch.full((groups, out), 1 << (scheme.bits - 1), dtype=torch.int32)
         else:

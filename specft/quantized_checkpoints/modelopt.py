@@ -105,6 +105,7 @@ class ModelOpt(FormatFamily):
     name = "modelopt"
     packs = True
     description_files = (CONFIG_FILE,)
+    methods = ("modelopt",)
 
     def detect(self, model_dir: Path) -> bool:
         return (model_dir / CONFIG_FILE).is_file()
