@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from specft.config import aux_layer_ids
-from specft.errors import SpecftError
+from specft.errors import NoConversations, SpecftError
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,12 @@ def _sequences(cfg, tokenizer) -> list[torch.Tensor]:
 
     side = dataclasses.replace(cfg.data, split="validation", num_samples=cfg.distance.sequences)
     out = []
-    for conv in load_conversations(side):
+    try:
+        convs = load_conversations(side)
+    except NoConversations as err:  # the validation side is what distance reads: say so, with the counts
+        raise SpecftError(f"distance: data {cfg.data.name} has no held-out conversation (its validation side is "
+                          f"empty: {err.summary.line()}); raise distance.sequences or data.val_fraction") from None
+    for conv in convs:
         sample, _ = tokenize_conversation(tokenizer, conv, cfg.data.max_seq_len)
         if sample is not None:
             out.append(sample.input_ids)

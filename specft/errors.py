@@ -9,5 +9,14 @@ class ConfigError(SpecftError):
     pass
 
 
+class NoConversations(SpecftError):
+    """The data gave no usable conversation; ``summary`` counts why (a command with a
+    narrower use of the data may say it in its own words)."""
+
+    def __init__(self, message: str, summary=None):
+        super().__init__(message)
+        self.summary = summary
+
+
 class ReportedError(SpecftError):
     """A failure whose one line another process (a rank) has printed already."""

@@ -90,6 +90,21 @@ def test_without_a_reference_it_is_one_line_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+
+def test_an_empty_held_out_side_is_distances_own_line_with_the_counts(tmp_path):
+    """Two sequences of synthetic data: none falls on the validation side. The line says so
+    (what was read, what the split left out) and what to raise (#63)."""
+    proc = run_cli(["distance", "model=hf", f"model.path={_tiny_dir()}", "quant=mxfp4",
+                    f"distance.reference={_tiny_dir()}", "data=synthetic", "distance.sequences=2"],
+                   cwd=tmp_path, check=False)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert errors[0].startswith("error: distance: data synthetic has no held-out conversation (its validation side "
+                                "is empty: data: ")
+    assert "on the other side of the train/validation split" in errors[0]
+    assert errors[0].endswith("raise distance.sequences or data.val_fraction")
+    assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == []
+
 def test_an_existing_drafts_acceptance_against_both_targets_is_what_eval_counts(tmp_path):
     """The 16-bit recipe's draft (trained on tiny Qwen3) against the GPTQ checkpoint made from
     it and against tiny Qwen3 itself: the same counts `specft eval` gives on each target."""

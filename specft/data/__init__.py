@@ -13,7 +13,7 @@ from specft.data.records import Conversation, DataSummary
 from specft.data.select import select_conversations, with_system_prompt
 from specft.data.sources import DATA_SOURCES, rewrite_answers
 from specft.data.template import Sample, tokenize_conversation
-from specft.errors import ConfigError, SpecftError
+from specft.errors import ConfigError, NoConversations, SpecftError
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,8 @@ def load_conversations(cfg: DataConfig, summary: DataSummary | None = None) -> l
         source = DATA_SOURCES.get(cfg.name, "data.name")
         convs = rewrite_answers(select_conversations(source(cfg, summary), cfg, summary), cfg)
     if not convs:
-        raise SpecftError(f"data: no usable conversations from data.name={cfg.name} path={cfg.path} "
-                          f"split={cfg.split}; {summary.line()}")
+        raise NoConversations(f"data: no usable conversations from data.name={cfg.name} path={cfg.path} "
+                              f"split={cfg.split}; {summary.line()}", summary)
     return [with_system_prompt(c, cfg.system_prompt) for c in convs]
 
 

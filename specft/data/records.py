@@ -51,7 +51,13 @@ class DataSummary(Counter):
             speed += (f"; reused {self['regen_reused']} answers ({self['regen_reused_tokens']} tokens) "
                       "from caches of the same target")
         return (f"data: {self['records']} records read, {self['samples']} samples kept"
-                + (f" ({kept})" if kept else "") + f"; skipped: {skipped}{speed}")
+                + (f" ({kept})" if kept else "") + f"; skipped: {skipped}{self._left_out()}{speed}")
+
+    def _left_out(self) -> str:
+        """Usable records the run does not take: why a side of the split can be empty."""
+        parts = [f"{self['other_split']} on the other side of the train/validation split"] if self["other_split"] else []
+        parts += [f"{self['over_cap']} over data.num_samples"] if self["over_cap"] else []
+        return f"; left out: {', '.join(parts)}" if parts else ""
 
 
 def require_file(path: str | None, field: str = "data.path") -> Path:
