@@ -87,12 +87,17 @@ def write_atomic(path: Path, text: str) -> None:
 
 # What a command writes before its work starts: its config, its locks. A folder holding
 # nothing else was only set up for the work.
-SCAFFOLDING_NAMES = ("config.yaml",)
+# Files that say what a folder is for but hold no result: a run's config, a cache's
+# answer key (data/answer_store.py) before any answer is stored.
+SCAFFOLDING_NAMES = ("config.yaml", "answer_key.json")
 
 
-def _only_scaffolding(folder: Path) -> bool:
+def _only_scaffolding(folder: Path, empty_files: bool = False) -> bool:
+    """Nothing in ``folder`` but its scaffolding, locks and hidden files; ``empty_files``:
+    and empty files (a metrics.jsonl the refused command opened before its first step;
+    never counted in a folder that existed before the command, where one may be the user's)."""
     return all(p.is_dir() or p.name in SCAFFOLDING_NAMES or p.name.endswith(".lock") or p.name.startswith(".")
-               for p in folder.rglob("*"))
+               or (empty_files and p.stat().st_size == 0) for p in folder.rglob("*"))
 
 
 class RefusalUndo:
@@ -121,7 +126,7 @@ class RefusalUndo:
         new = [p for root, before in self.before.items() if root.is_dir() for p in root.iterdir()
                if p.is_dir() and p not in before]
         for folder in [*new, *self.bare]:  # children before the folders they are in
-            if folder.is_dir() and _only_scaffolding(folder):
+            if folder.is_dir() and _only_scaffolding(folder, empty_files=True):
                 shutil.rmtree(folder, ignore_errors=True)
 
 

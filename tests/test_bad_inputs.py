@@ -193,13 +193,10 @@ def _train_args(tmp_path, steps):
             "data.num_samples=16", "cache.dtype=fp32", f"cache.root={tmp_path / 'cache'}"]
 
 
-def test_nan_features_stop_training_and_keep_the_last_good_checkpoint(tmp_path):
-    run_cli(_train_args(tmp_path, 2), cwd=tmp_path)
-    run_dir = tmp_path / RUN
-    final = load_file(str(run_dir / "checkpoints" / "final" / "draft.safetensors"))
+def _poison_cached_features(tmp_path) -> Path:
+    """Plant NaN in every sample's features, as a target that overflowed would have written
+    them: the cache records the files as they now are (so no integrity check objects)."""
     (cache_dir,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
-    # Plant NaN in every sample's features, as a target that overflowed would have written
-    # them: the cache records the files as they now are (so no integrity check objects).
     records = {}
     for shard in cache_dir.glob("shard-*.safetensors"):
         tensors = load_file(str(shard))
@@ -213,6 +210,14 @@ def test_nan_features_stop_training_and_keep_the_last_good_checkpoint(tmp_path):
         for s in state["shards"]:
             s.update(records[s["file"]])
         listing.write_text(json.dumps(state))
+    return cache_dir
+
+
+def test_nan_features_stop_training_and_keep_the_last_good_checkpoint(tmp_path):
+    run_cli(_train_args(tmp_path, 2), cwd=tmp_path)
+    run_dir = tmp_path / RUN
+    final = load_file(str(run_dir / "checkpoints" / "final" / "draft.safetensors"))
+    cache_dir = _poison_cached_features(tmp_path)
     proc = run_cli(_train_args(tmp_path, 4), cwd=tmp_path, check=False)
     line = _refused(proc, "training stopped at step 3", "not finite", "step-0000002")
     assert "NaN/Inf" in line  # the cause is named: the cached features, by sample and shard
@@ -221,6 +226,18 @@ def test_nan_features_stop_training_and_keep_the_last_good_checkpoint(tmp_path):
     assert not (run_dir / "checkpoints" / "step-0000003").exists()
     after = load_file(str(run_dir / "checkpoints" / "final" / "draft.safetensors"))
     assert all(torch.equal(final[k], after[k]) for k in final)  # the final draft was not rewritten
+
+
+def test_a_new_run_refused_at_its_first_step_leaves_no_run_folder(tmp_path):
+    """Non-finite cached features stop a new run at step 1: the refusal leaves nothing the
+    run made (its config.yaml and an empty metrics.jsonl were left before, #63)."""
+    run_cli(_train_args(tmp_path, 1), cwd=tmp_path)
+    _poison_cached_features(tmp_path)
+    before = _tree(tmp_path)
+    proc = run_cli([*_train_args(tmp_path, 2), "hydra.run.dir=runs/second"], cwd=tmp_path, check=False)
+    _refused(proc, "training stopped at step 1", "not finite")
+    assert not (tmp_path / "runs" / "second").exists()
+    assert _tree(tmp_path) == before
 
 
 def test_ctrl_c_is_one_line_saying_how_to_resume(tmp_path):
