@@ -9,8 +9,13 @@ collective timeout, which long stage-1 work between barriers needs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import tempfile
+import threading
 from datetime import timedelta
+from pathlib import Path
 
 from specft.errors import SpecftError
 
@@ -23,14 +28,56 @@ def rendezvous_line(addr: str, port: int, timeout_s: float, rank: int, world: in
             "node 0's address as this node sees it, and that the port is open between the nodes")
 
 
-def meet(timeout_s: float):
-    """The store every rank of this launch shares (rank 0 serves it), or one line."""
-    from torch.distributed import TCPStore
-
+def meet(timeout_s: float, log_path: Path | None = None):
+    """The store every rank of this launch shares (rank 0 serves it), or one line within
+    the timeout whatever answers at the address: nothing (a closed port, an address that
+    drops packets), another service (an HTTP server reads c10d's handshake and waits for
+    more, which TCPStore's own timeout does not bound), or garbage (c10d retries, printing
+    C++ stack frames each time). Those frames go to ``log_path`` (default: a file of this
+    rank's in the temp folder, named in the line), not to the terminal."""
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    try:
-        return TCPStore(addr, port, world, rank == 0, timedelta(seconds=timeout_s), wait_for_workers=True)
-    except (RuntimeError, OSError, ValueError) as err:  # c10d's store errors, a name that does not resolve
+    log_path = log_path or Path(tempfile.gettempdir()) / f"specft-rendezvous-{port}-rank{rank}.log"
+    outcome: dict = {}
+
+    def connect():
+        from torch.distributed import TCPStore
+
+        try:
+            outcome["store"] = TCPStore(addr, port, world, rank == 0, timedelta(seconds=timeout_s),
+                                        wait_for_workers=True)
+        except (RuntimeError, OSError, ValueError) as err:  # c10d's store errors, a name that does not resolve
+            outcome["error"] = err
+
+    # the store is made on a daemon thread: one stuck on a silent peer must not keep the
+    # process alive after the refusal
+    attempt = threading.Thread(target=connect, name="rendezvous", daemon=True)
+    with _stderr_to(log_path):
+        attempt.start()
+        attempt.join(timeout_s + GRACE_S)
+    if "store" in outcome:
+        return outcome["store"]
+    err = outcome.get("error")
+    if err is None:
+        why = f"no store answered at {addr}:{port}: another service may hold the port"
+    else:
         why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SpecftError(rendezvous_line(addr, port, timeout_s, rank, world, why[:200])) from None
+    raise SpecftError(rendezvous_line(addr, port, timeout_s, rank, world, why[:200]) + f"; c10d's messages: {log_path}")
+
+
+# beyond trainer.rendezvous_timeout_s, the time c10d's own timeout may take to fire
+GRACE_S = 5.0
+
+
+@contextlib.contextmanager
+def _stderr_to(log_path: Path):
+    """File descriptor 2 (where c10d's C++ logging writes) sent to ``log_path`` meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(log_path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)

@@ -99,6 +99,51 @@ def test_a_node_alone_stops_at_the_rendezvous_timeout_with_one_line(tmp_path, ra
     assert "Traceback" not in err
 
 
+
+def _http_service(sock):
+    """Another service on the master port: reads a request, waits for the rest."""
+    while True:
+        conn, _ = sock.accept()
+        conn.recv(1024)  # c10d's handshake, read as the start of a request; no answer
+
+
+def _garbage_service(sock):
+    """A master that answers garbage to whatever it is sent."""
+    while True:
+        conn, _ = sock.accept()
+        try:
+            conn.recv(1024)
+            conn.sendall(b"\xde\xad\xbe\xef" * 64)
+        finally:
+            conn.close()
+
+
+@pytest.mark.parametrize("service, why", [
+    (_http_service, "no store answered at 127.0.0.1:{port}: another service may hold the port"),
+    (_garbage_service, "Ping failed"),
+])
+def test_a_port_held_by_another_service_is_one_line_without_cpp_frames(tmp_path, service, why):
+    """Was a silent hang past trainer.rendezvous_timeout_s (an HTTP server on the port), or
+    a hundred lines of C++ stack frames before any specft line (garbage answers, #63):
+    one line naming the cause, c10d's frames in the log file it names, nothing left running."""
+    import socket
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    threading.Thread(target=service, args=(sock,), daemon=True).start()
+    proc = _node(1, port, 2, tmp_path)
+    _, err = proc.communicate(timeout=3600)  # a hang bound: the event is the node's exit
+    sock.close()
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, err
+    assert errors[0].startswith(f"error: rendezvous: rank 1 could not reach node 0 at 127.0.0.1:{port} for 2 s")
+    assert why.format(port=port) in errors[0] and "c10d's messages: " in errors[0]
+    assert "frame #" not in err and "TCPStore.cpp" not in err and "Traceback" not in err
+    assert not [p for p in psutil.process_iter() if f"trainer.master_port={port}" in " ".join(_cmdline(p))]
+
 def _cmdline(p: psutil.Process) -> list[str]:
     try:
         return p.cmdline()
