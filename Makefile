@@ -1,6 +1,6 @@
 PYTHON ?= python
 
-.PHONY: install test test-slow test-llamacpp llamacpp lint demo
+.PHONY: install test test-slow test-llamacpp llamacpp lint demo fuzz
 
 # torch first, from the CPU build on local disk when none is installed: a bare `torch`
 # requirement would otherwise pull a multi-GB CUDA build.
@@ -22,6 +22,12 @@ llamacpp:
 
 test-llamacpp:
 	$(PYTHON) -m pytest -q -m llamacpp
+
+# The fuzz suite at length (tests/test_fuzz.py: 300 inputs per kind, SPECFT_FUZZ_EXAMPLES to
+# change it): every failing input is saved under fuzz-failures/ and hypothesis' database
+# (.hypothesis/) replays the shrunk one first on the next run (docs/reliability.md).
+fuzz:
+	SPECFT_FUZZ_PROFILE=fuzz SPECFT_FUZZ_SAVE=$(CURDIR)/fuzz-failures $(PYTHON) -m pytest -q -s tests/test_fuzz.py
 
 lint:
 	$(PYTHON) -m ruff check specft tests scripts

@@ -26,16 +26,26 @@ class CacheReader:
         if not manifest_path.exists():
             raise SpecftError(f"cache: no {MANIFEST} in {self.cache_dir}; run `specft cache` first")
         self.manifest = read_json(manifest_path)
-        if not self.manifest.get("complete"):
+        try:
+            self._index()
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as err:
+            # a manifest edited by hand or by another version: fields of other types
+            # (the fuzz suite found these, tests/test_fuzz.py)
+            message = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+            raise SpecftError(f"cache: {manifest_path} is damaged ({type(err).__name__}: {message}); delete "
+                              f"{self.cache_dir} and run `specft cache` to rebuild it") from None
+        self._open = lru_cache(maxsize=8)(self._open_shard)
+
+    def _index(self) -> None:
+        if not isinstance(self.manifest, dict) or not self.manifest.get("complete"):
             raise SpecftError(f"cache: {self.cache_dir} is incomplete; rerun `specft cache` to finish it")
         require_intact(self.cache_dir, self.manifest)  # sizes of all files, checksums of a sample
         require_unique_samples(self.cache_dir, self.manifest["shards"])
         self._where: dict[int, tuple[str, int]] = {}
         for shard in self.manifest["shards"]:
             for local, global_index in enumerate(shard["sample_index"]):
-                self._where[global_index] = (shard["file"], local)
+                self._where[int(global_index)] = (str(shard["file"]), local)
         self.indices = sorted(self._where)
-        self._open = lru_cache(maxsize=8)(self._open_shard)
 
     def for_epoch(self, epoch: int) -> CacheReader:
         """The samples a step of ``epoch`` reads: a cache holds one set for every epoch."""

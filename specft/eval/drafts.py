@@ -69,6 +69,19 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32, field: str 
     folder = resolve_checkpoint(path, field)
     meta, state = _read_checkpoint(folder, field)
     try:
+        draft = _build(folder, meta, state, field)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as err:
+        # a field of another type or size than training writes (a hand edit): the module
+        # cannot be built from it (the fuzz suite found these, tests/test_fuzz.py)
+        message = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise SpecftError(f"{field}: {folder / 'draft_config.json'} does not describe a draft specft builds "
+                          f"({type(err).__name__}: {message}); re-export it from the run's checkpoints") from None
+    return draft.to(dtype).eval(), meta
+
+
+def _build(folder: Path, meta: dict, state: dict, field: str):
+    """The draft module draft_config.json describes, with its weights."""
+    try:
         c = DraftHeadConfig(**{f.name: meta[f.name] for f in fields(DraftHeadConfig) if f.name in meta})
     except TypeError as err:
         raise SpecftError(f"{field}: {folder / 'draft_config.json'} is incomplete ({err})") from None
@@ -90,7 +103,7 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32, field: str 
     if missing or unexpected:
         raise SpecftError(f"{field}: {folder} does not match its config (missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]})")
-    return draft.to(dtype).eval(), meta
+    return draft
 
 
 def share_target_embedding(draft, target) -> bool:

@@ -61,15 +61,22 @@ def run_probe(gguf: Path, sequences: list[list[int]], *, layers: tuple[int, ...]
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         if done.returncode != 0:
             raise SpecftError(f"specft-llama-probe failed on {gguf} ({done.stderr.strip()[-300:]})")
-        try:
-            return _read_results(tmp, len(sequences), layers, logits, final)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise SpecftError(f"specft-llama-probe exited 0 but its results for {gguf} are missing or damaged "
-                              f"({type(err).__name__}: {err}); rebuild the probe with `{INSTALL_COMMAND}`") from None
+        return read_results(tmp, gguf, len(sequences), layers, logits, final)
+
+
+def read_results(out: Path, gguf: Path, sequences: int, layers: tuple[int, ...], logits: bool,
+                 final: bool) -> ProbeResult:
+    """The probe's files in ``out``, read as untrusted: every array the size its meta.json
+    says, or one line."""
+    try:
+        return _read_results(out, sequences, layers, logits, final)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SpecftError(f"specft-llama-probe exited 0 but its results for {gguf} are missing or damaged "
+                          f"({type(err).__name__}: {str(err)[:200]}); rebuild the probe with `{INSTALL_COMMAND}`") \
+            from None
 
 
 def _read_results(out: Path, sequences: int, layers: tuple[int, ...], logits: bool, final: bool) -> ProbeResult:
-    """The probe's files, read as untrusted: every array the size its meta.json says."""
     meta = json.loads((out / "meta.json").read_text())
     rows, width, vocab = [int(r) for r in meta["rows"]], int(meta["n_embd"]), int(meta["n_vocab"])
     if len(rows) != sequences or min(rows, default=0) < 1:

@@ -22,6 +22,7 @@ from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,
     FormatFamily,
+    format_boundary,
     quant_method,
     read_config,
     read_tensors,
@@ -113,7 +114,8 @@ def open_checkpoint(model_dir: str | Path) -> CheckpointQuant | None:
     if not family.supported:
         raise SpecftError(f"quant=checkpoint: {model_dir} is a {family.name} checkpoint, which specft cannot "
                           f"run yet; supported: {', '.join(supported())} (docs/checkpoints.md)")
-    return family.open(Path(model_dir))
+    with format_boundary(family.name, model_dir):
+        return family.open(Path(model_dir))
 
 
 # The families register themselves on import.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable, Mapping
@@ -9,13 +10,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from specft.errors import SpecftError
 from specft.registry import Registry
 
 CHECKPOINT_FORMATS: Registry = Registry("quantized checkpoint format")
+
+
+# What a family's parsing of a damaged or hand-edited checkpoint raises: a field of another
+# type (int(None), a list where a name goes), a key or tensor it assumed, codes of another
+# dtype than the header says, a safetensors header that does not describe its file.
+UNREADABLE = (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError, SafetensorError)
+
+
+@contextlib.contextmanager
+def format_boundary(family: str, where):
+    """Whatever a family's reading of an untrusted checkpoint raises beyond its own checks
+    becomes one line naming the checkpoint (the fuzz suite, tests/test_fuzz.py, found
+    these by mutating each family's fixture)."""
+    try:
+        yield
+    except UNREADABLE as err:
+        message = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise SpecftError(f"model.path: the {family} checkpoint at {where} is not as its quantizer writes it "
+                          f"({type(err).__name__}: {message}); its quantization config or weights are damaged "
+                          "or were edited: restore them from the quantizer's output") from None
 
 
 def read_json(path: Path) -> dict:
@@ -51,7 +72,7 @@ class LazyTensors(Mapping):
     def __init__(self, files: list[Path]):
         self._file, self._dtype, self._below = {}, {}, {}
         for path in files:
-            with safe_open(str(path), framework="pt") as f:
+            with _opened(path) as f:
                 for key in f.keys():
                     self._file[key] = path
                     self._dtype[key] = HEADER_DTYPES.get(f.get_slice(key).get_dtype())
@@ -60,7 +81,7 @@ class LazyTensors(Mapping):
                         self._below.setdefault(".".join(parts[:depth]), []).append(key)
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        with safe_open(str(self._file[key]), framework="pt") as f:
+        with _opened(self._file[key]) as f:
             return f.get_tensor(key)
 
     def __iter__(self):
@@ -82,6 +103,20 @@ class LazyTensors(Mapping):
     def under(self, name: str) -> dict[str, torch.Tensor]:
         """The tensors of module ``name`` by their local names (``qweight``, ``weight_scale``)."""
         return {k[len(name) + 1:]: self[k] for k in self._below.get(name, ())}
+
+
+@contextlib.contextmanager
+def _opened(path: Path):
+    """A weights file, or one line when its header does not describe it."""
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise SpecftError(f"model.path: {path} is not a readable safetensors file ({str(err)[:200]})") from None
+    with handle as f:
+        try:
+            yield f
+        except SafetensorError as err:
+            raise SpecftError(f"model.path: {path} does not hold what its header says ({str(err)[:200]})") from None
 
 
 def read_tensors(model_dir: Path, pattern: str) -> LazyTensors:

@@ -136,8 +136,10 @@ def _reader(path: Path):
 
     try:
         return gguf.GGUFReader(str(path))
-    except (OSError, ValueError, struct.error) as err:
-        raise SpecftError(f"model.path: {path} is not a readable GGUF file ({err})") from None
+    except Exception as err:  # noqa: BLE001 - gguf's parser of an untrusted file: whatever it raises (an
+        # IndexError on a cut string, a KeyError on an unknown value type) means the file does not read
+        raise SpecftError(f"model.path: {path} is not a readable GGUF file ({type(err).__name__}: "
+                          f"{str(err)[:200]})") from None
 
 
 def _field(reader, key: str):

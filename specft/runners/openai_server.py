@@ -68,8 +68,9 @@ class AnswerServer:
             try:
                 with urllib.request.urlopen(request, timeout=timeout) as response:
                     return json.loads(response.read())
-            except urllib.error.HTTPError as err:
-                failure, unreachable = f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}", False
+            except urllib.error.HTTPError as err:  # its body on the one line: newlines folded
+                body = " ".join(err.read()[:300].decode(errors="replace").split())
+                failure, unreachable = f"HTTP {err.code}: {body}", False
                 if err.code not in RETRY_STATUS:
                     break
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
@@ -89,7 +90,10 @@ class AnswerServer:
         facts the server gives about it (llama-server: its vocabulary, size and parameter
         count; vLLM: its root checkpoint)."""
         listing = self._request("/v1/models", None, self.cfg.connect_timeout_s)
-        models = listing.get("data") or []
+        models = listing.get("data") if isinstance(listing, dict) else None
+        if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+            raise SpecftError(f"data.regenerate.server: {self.base}/v1/models answered no OpenAI model list: "
+                              f"{json.dumps(listing)[:200]}")
         if not models:
             raise SpecftError(f"data.regenerate.server: {self.base}/v1/models lists no model")
         names = [m.get("id") for m in models]
@@ -121,10 +125,15 @@ class AnswerServer:
         try:
             choice = out["choices"][0]
         except (KeyError, IndexError, TypeError):
+            choice = None
+        if not isinstance(choice, dict):
             raise SpecftError(f"data.regenerate.server: {self.base}/v1/completions answered without choices: "
-                              f"{json.dumps(out)[:200]}") from None
-        return ServedAnswer(_token_ids(out, choice, self.base), choice.get("text") or "",
-                            choice.get("finish_reason") or "")
+                              f"{json.dumps(out)[:200]}")
+        text, finish = choice.get("text") or "", choice.get("finish_reason") or ""
+        if not isinstance(text, str) or not isinstance(finish, str):
+            raise SpecftError(f"data.regenerate.server: {self.base}/v1/completions answered a choice whose text or "
+                              f"finish_reason is not a string: {json.dumps(choice)[:200]}")
+        return ServedAnswer(_token_ids(out, choice, self.base), text, finish)
 
     def answer(self, prompts: list[list[int]], rc: RegenerateConfig, seed: int) -> list[ServedAnswer]:
         """Every prompt's answer, in order; row i sampled with seed + i."""
@@ -135,11 +144,15 @@ class AnswerServer:
 
 
 def _token_ids(out: dict, choice: dict, base: str) -> list[int]:
-    if isinstance(choice.get("token_ids"), list):  # vLLM's return_token_ids
-        return [int(t) for t in choice["token_ids"]]
     verbose = out.get("__verbose")
-    if isinstance(verbose, dict) and isinstance(verbose.get("tokens"), list):  # llama-server's return_tokens
-        return [int(t) for t in verbose["tokens"]]
+    ids = choice.get("token_ids")  # vLLM's return_token_ids
+    if not isinstance(ids, list) and isinstance(verbose, dict):
+        ids = verbose.get("tokens")  # llama-server's return_tokens
+    if isinstance(ids, list):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise SpecftError(f"data.regenerate.server: {base} returned token ids that are not token ids: "
+                              f"{json.dumps(ids)[:200]}")
+        return ids
     raise SpecftError(f"data.regenerate.server: {base} returns no token ids with its answers (vLLM: "
                       "return_token_ids, llama-server: return_tokens with verbose), so they cannot be checked "
                       "against specft's tokenizer; serve with vLLM, SGLang or llama-server")

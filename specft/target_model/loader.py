@@ -15,7 +15,7 @@ from specft.device import resolve_dtype
 from specft.errors import ConfigError
 from specft.paths import models_dir
 from specft.quantized_checkpoints import check_unquantized, description_patterns, open_checkpoint
-from specft.quantized_checkpoints.base import check_finite
+from specft.quantized_checkpoints.base import check_finite, format_boundary
 from specft.registry import Registry
 from specft.target_model.local_checkpoint import ensure_checkpoint_dir
 from specft.target_model.tiny import build_tiny, tiny_dir_name
@@ -201,8 +201,8 @@ def _load_quantized_checkpoint(where: str, checkpoint, dtype: torch.dtype, packe
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if zero3:
         writer = checkpoint.sink = PartitionWriter(model, zero3_edit, tied)
-    with expert_views(model):  # per-expert Linears where transformers fuses a layer's experts
-        state = checkpoint.load_state(model, dtype)
+    with expert_views(model), format_boundary(checkpoint.family, where):  # per-expert Linears where
+        state = checkpoint.load_state(model, dtype)  # transformers fuses a layer's experts
     for name, tensor in state.items():  # put_weight checked the ones it made; this is the rest
         check_finite(name, tensor, where)
     for name in fused_experts(model):  # refused at load, run by apply_quant
@@ -224,7 +224,11 @@ def _assign(model, checkpoint, state: dict, where: str, packed: bool, tied: set[
     fuse_expert_weights(model, state)
     for name, module in checkpoint.packed_layers.items():
         model.set_submodule(name, module)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=packed)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=packed)
+    except RuntimeError as err:  # a tensor of another shape than the checkpoint's config gives its layer
+        mismatch = next((ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln), str(err).strip())
+        raise ConfigError(f"model.path: the checkpoint at {where} does not fit its model ({mismatch[:300]})") from None
     if set(missing) - tied or unexpected:
         what = sorted(set(missing) - tied) or sorted(unexpected)
         raise ConfigError(f"model.path: the checkpoint at {where} does not fit its model "
