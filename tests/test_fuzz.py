@@ -20,6 +20,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -306,6 +307,54 @@ def test_fuzz_cache_manifests(tmp_path_factory, cache_folder, data):
 
     takes_or_refuses("manifest.json", folder, read)
 
+
+
+# -- rotation files (fold-rotation, trainer.unrotate), regeneration's answer stores ----------
+
+
+@pytest.fixture(scope="module")
+def rotation_file(tmp_path_factory) -> Path:
+    """R1 as scripts/recover_rotation.py saves one: one orthogonal float32 matrix."""
+    path = tmp_path_factory.mktemp("rotation") / "r1.safetensors"
+    q, _ = torch.linalg.qr(torch.randn(16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    save_file({"r1": q.float().contiguous()}, str(path))
+    return path
+
+
+@given(data=st.data())
+def test_fuzz_rotation_files(tmp_path_factory, rotation_file, data):
+    from specft.quant.rotation_source import rotation_matrix
+
+    folder = _scratch(tmp_path_factory, "rotation")
+    path = folder / "r1.safetensors"
+    header, body = _safetensors_header(rotation_file)
+    if data.draw(st.booleans()):
+        encoded = json.dumps(data.draw(safetensors_header_mutation(header))).encode()
+        path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + body)
+    else:  # the matrix's values: bytes overwritten (NaN, another matrix) or the file cut
+        raw = bytearray(rotation_file.read_bytes())
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at: at + 8] = data.draw(st.binary(min_size=1, max_size=8))
+        path.write_bytes(bytes(raw[: data.draw(st.integers(0, len(raw)))]))
+    takes_or_refuses("rotation file", folder, lambda: rotation_matrix(str(path), 16, "--rotation"))
+
+
+@given(lines=st.lists(st.one_of(JSON_VALUES.map(json.dumps), st.text(max_size=30),
+                                st.builds(lambda i, m: json.dumps({"index": i, "messages": m}), JSON_VALUES,
+                                          JSON_VALUES)), max_size=6))
+def test_fuzz_answer_stores(tmp_path_factory, lines):
+    """A store a killed or another run left: what it holds that is not a finished
+    conversation is redone, never a traceback."""
+    from specft.data.answer_store import load_store
+
+    folder = _scratch(tmp_path_factory, "answers")
+    (folder / "regenerated-r000.jsonl").write_text("\n".join(lines))
+
+    def read():
+        for index, messages in load_store(folder / "regenerated-r000.jsonl").items():
+            assert isinstance(index, int) and all(isinstance(m["content"], str) for m in messages)
+
+    takes_or_refuses("answer store", folder, read)
 
 # -- an OpenAI-compatible server's replies, llama.cpp's probe outputs ----------------------
 

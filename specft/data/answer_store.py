@@ -44,10 +44,20 @@ def load_store(path: Path) -> dict[int, Conversation]:
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 rec = json.loads(line)
-                done[int(rec["index"])] = rec["messages"]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                messages = rec["messages"]
+                if _is_conversation(messages):
+                    done[int(rec["index"])] = messages
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError):
                 continue
     return done
+
+
+def _is_conversation(messages) -> bool:
+    """What regeneration stores: turns with a string role and content (a line another
+    tool or a hand edit wrote otherwise is redone, not read)."""
+    return isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages)
 
 
 def append_store(path: Path, records: Iterable[dict]) -> None:
