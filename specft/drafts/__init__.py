@@ -1,4 +1,5 @@
-"""Draft heads: one folder per architecture (eagle3/, mtp/), each registering itself in
+"""Draft heads: one folder per architecture (eagle3/, mtp/, dflash/, peagle/; found by
+pkgutil below, so a new folder needs no list edited), each registering itself in
 DRAFT_ARCHS (arch.py) under the architecture string draft_config.json records; shared
 layers (layers.py), the draft vocabulary (vocab.py) and draft QAT (qat.py).
 

@@ -247,6 +247,9 @@ class CheckpointQuant:
     # fused experts module -> (gate/up input quantizer, down input quantizer), None for
     # weight-only experts (filled by the loader; experts.expert_input_quantizers)
     experts: dict[str, tuple | None] = field(default_factory=dict)
+    # a GGUF target (gguf_family.py): its file, and each tensor's ggml type by GGUF name
+    gguf_file: Path | None = None
+    tensor_types: dict[str, str] = field(default_factory=dict)
 
     def put_weight(self, state: dict[str, torch.Tensor], name: str, module: nn.Module,
                    stored: dict[str, torch.Tensor], dequantize: Callable[[dict[str, torch.Tensor]], torch.Tensor],
