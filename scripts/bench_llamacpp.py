@@ -127,6 +127,12 @@ def summarize(name: str, runs: list[dict]) -> dict:
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "runs": runs}
 
 
+def batch_flags(args) -> list[str] | None:
+    """llama-server's -ub / -b as given (the draft context takes the target's)."""
+    flags = (["-ub", str(args.ubatch)] if args.ubatch else []) + (["-b", str(args.batch)] if args.batch else [])
+    return flags or None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", help="NAME=FILE.gguf")
@@ -143,6 +149,8 @@ def main() -> None:
                     "round; above, dynamic draft length (acceptance CIs then count rounds as drafted / k)")
     ap.add_argument("--ubatch", type=int, default=None, help="llama-server -ub (the draft context takes "
                     "the target's: its compute buffer grows with it; docs/serving.md)")
+    ap.add_argument("--batch", type=int, default=None, help="llama-server -b (the logical batch: the draft "
+                    "context sizes its buffers by it too; with --ubatch 32, -b 32 keeps the draft's memory lowest)")
     ap.add_argument("--reference-target", default=None, help="a --targets NAME: every other target's "
                     "acceptance is also compared with each draft's on it (what a type costs a draft)")
     ap.add_argument("--acceptance-only", action="store_true", help="serve no target alone (what each type "
@@ -181,7 +189,7 @@ def main() -> None:
         for slots in args.slots:
             for t, d, k in configs:
                 r = serve(Path(targets[t]), drafts[d] if d else None, k, slots, prompts, args.max_new_tokens,
-                          args.threads, extra=["-ub", str(args.ubatch)] if args.ubatch else None, p_min=args.p_min)
+                          args.threads, extra=batch_flags(args), p_min=args.p_min)
                 runs.setdefault((t, d, k, slots), []).append(r)
                 print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
                       + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
@@ -195,7 +203,8 @@ def main() -> None:
         rows.append(row)
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch, "p_min": args.p_min,
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch, "batch": args.batch,
+              "p_min": args.p_min,
               "targets": targets,
               "drafts": {k: str(v) for k, v in drafts.items()}, "reference": next(iter(drafts)),
               "reference_target": args.reference_target, "rows": rows}
