@@ -80,8 +80,11 @@ def test_node_launch_refusals(tmp_path, override, message):
 def _node(rank: int, port: int, timeout_s: float, cwd: Path) -> subprocess.Popen:
     args = [*COMMON, "trainer.num_nodes=2", "trainer.master_addr=127.0.0.1", f"trainer.master_port={port}",
             f"trainer.node_rank={rank}", f"trainer.rendezvous_timeout_s={timeout_s}", f"run_dir={cwd / 'run'}"]
+    # SIGINT as a terminal gives it: a suite started as a background job (make test &) hands
+    # its children SIGINT ignored, and the killed-launch test's Ctrl-C would then do nothing
     return subprocess.Popen([sys.executable, "-m", "specft.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("rank, says", [
