@@ -20,3 +20,10 @@ class NoConversations(SpecftError):
 
 class ReportedError(SpecftError):
     """A failure whose one line another process (a rank) has printed already."""
+
+
+def first_line(err: BaseException, default: str = "", limit: int = 200) -> str:
+    """The first line of an exception's message, cut to ``limit``: what a one-line
+    refusal quotes of a library's error (``default`` when it says nothing)."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else default

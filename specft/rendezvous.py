@@ -17,7 +17,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
-from specft.errors import SpecftError
+from specft.errors import SpecftError, first_line
 
 
 def rendezvous_line(addr: str, port: int, timeout_s: float, rank: int, world: int, why: str) -> str:
@@ -61,8 +61,8 @@ def meet(timeout_s: float, log_path: Path | None = None):
     if err is None:
         why = f"no store answered at {addr}:{port}: another service may hold the port"
     else:
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    raise SpecftError(rendezvous_line(addr, port, timeout_s, rank, world, why[:200]) + f"; c10d's messages: {log_path}")
+        why = first_line(err, default=type(err).__name__)
+    raise SpecftError(rendezvous_line(addr, port, timeout_s, rank, world, why) + f"; c10d's messages: {log_path}")
 
 
 # beyond trainer.rendezvous_timeout_s, the time c10d's own timeout may take to fire

@@ -389,7 +389,8 @@ def test_fuzz_server_replies(tmp_path_factory, tiny_tokenizer, data):
 
     folder = _scratch(tmp_path_factory, "server")
     with FakeOpenAiServer(reply) as server:
-        client = AnswerServer(AnswerServerConfig(url=server.url, retries=0, connect_timeout_s=30, timeout_s=60))
+        client = AnswerServer(AnswerServerConfig(url=server.url, retries=0, connect_timeout_s=1800,
+                                                 timeout_s=1800))  # hang bounds: the local server answers at once
 
         def read():  # as regeneration reads a reply: the server's identity, its answer, the ids' check
             client.identity()

@@ -13,7 +13,7 @@ from specft.cache.integrity import require_intact
 from specft.cache.manifest import MANIFEST, read_json
 from specft.cache.storage import SCALE_SUFFIX, decode
 from specft.cache.writer import TARGET_HEAD, TOKEN_COUNTS, require_unique_samples
-from specft.errors import SpecftError
+from specft.errors import SpecftError, first_line
 
 
 class CacheReader:
@@ -31,7 +31,7 @@ class CacheReader:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as err:
             # a manifest edited by hand or by another version: fields of other types
             # (the fuzz suite found these, tests/test_fuzz.py)
-            message = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+            message = first_line(err)
             raise SpecftError(f"cache: {manifest_path} is damaged ({type(err).__name__}: {message}); delete "
                               f"{self.cache_dir} and run `specft cache` to rebuild it") from None
         self._open = lru_cache(maxsize=8)(self._open_shard)

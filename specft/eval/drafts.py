@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from specft.drafts import DRAFT_ARCHS, DraftHeadConfig
-from specft.errors import SpecftError
+from specft.errors import SpecftError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def load_draft(path: str | Path, dtype: torch.dtype = torch.float32, field: str 
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as err:
         # a field of another type or size than training writes (a hand edit): the module
         # cannot be built from it (the fuzz suite found these, tests/test_fuzz.py)
-        message = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        message = first_line(err)
         raise SpecftError(f"{field}: {folder / 'draft_config.json'} does not describe a draft specft builds "
                           f"({type(err).__name__}: {message}); re-export it from the run's checkpoints") from None
     return draft.to(dtype).eval(), meta

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from specft.errors import SpecftError
+from specft.errors import SpecftError, first_line
 from specft.registry import Registry
 
 CHECKPOINT_FORMATS: Registry = Registry("quantized checkpoint format")
@@ -33,7 +33,7 @@ def format_boundary(family: str, where):
     try:
         yield
     except UNREADABLE as err:
-        message = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        message = first_line(err)
         raise SpecftError(f"model.path: the {family} checkpoint at {where} is not as its quantizer writes it "
                           f"({type(err).__name__}: {message}); its quantization config or weights are damaged "
                           "or were edited: restore them from the quantizer's output") from None
