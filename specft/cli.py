@@ -351,14 +351,14 @@ def _export(args: list[str]) -> int:
     import argparse
 
     from specft.drafts.layouts import LAYOUTS
-    from specft.export import QUANT_KINDS, export_draft
+    from specft.export import QUANT_KINDS, ExportOptions, export
 
     parser = argparse.ArgumentParser(prog="specft export", description="Write a trained draft in a "
                                      "layout serving engines load.")
     parser.add_argument("checkpoint", help="a run dir (its final checkpoint, else its latest step while it "
                         "trains), its checkpoints/ folder or latest file, or a checkpoint folder")
     parser.add_argument("out_dir")
-    parser.add_argument("--layout", default="eagle3", choices=sorted([*LAYOUTS.names, "gguf"]),
+    parser.add_argument("--layout", default="eagle3", choices=LAYOUTS.names,
                         help="gguf: llama.cpp's draft file, through its own converter (docs/serving.md)")
     parser.add_argument("--quant", default="auto", choices=QUANT_KINDS,
                         help="auto: the draft's QAT format (16-bit when it has none)")
@@ -370,17 +370,10 @@ def _export(args: list[str]) -> int:
     parser.add_argument("--target", help="--layout gguf: the target's checkpoint dir or .gguf (default: the "
                         "one the draft was trained against)")
     ns = parser.parse_args(args)
-    if ns.gguf_type != "f16" and ns.layout != "gguf":
-        print(f"error: --gguf-type {ns.gguf_type}: only --layout gguf writes GGUF weights", file=sys.stderr)
-        return 2
+    options = ExportOptions(quant=ns.quant, target_head=ns.target_head, dtype=ns.dtype, gguf_type=ns.gguf_type,
+                            target=ns.target, overwrite=ns.overwrite)
     try:
-        if ns.layout == "gguf":
-            from specft.export.gguf import export_gguf
-
-            out = export_gguf(ns.checkpoint, ns.out_dir, ns.target, ns.overwrite, ns.gguf_type)
-        else:
-            out = export_draft(ns.checkpoint, ns.out_dir, ns.layout, ns.quant, ns.target_head, ns.dtype,
-                               ns.overwrite)
+        out = export(ns.checkpoint, ns.out_dir, ns.layout, options)
     except SpecftError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

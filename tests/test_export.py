@@ -2,6 +2,7 @@
 trip through a small independent reader (safetensors + json only) to identical logits."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -320,3 +321,30 @@ def test_a_draft_gguf_type_llamacpp_cannot_load_is_one_line_and_nothing_is_writt
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
     assert out.returncode == 2 and len(errors) == 1 and line in errors[0], out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_every_layout_is_registered_with_its_writer_and_the_command_offers_each():
+    """gguf is a layout like the others: the command lists every registered layout, each
+    names a writer, and each architecture llama.cpp takes is a registered draft."""
+    from specft.drafts import DRAFT_ARCHS
+    from specft.drafts.layouts import LAYOUTS, LLAMACPP_DRAFTS
+    from specft.export.writers import WRITERS
+
+    assert {"eagle3", "speculators", "mtp", "peagle", "dflash", "gguf"} <= set(LAYOUTS.names)
+    assert all(LAYOUTS.get(name).writer in WRITERS for name in LAYOUTS.names)
+    assert set(LLAMACPP_DRAFTS.names) == {"eagle3", "dflash"} and set(LLAMACPP_DRAFTS.names) <= set(DRAFT_ARCHS.names)
+    for name in LLAMACPP_DRAFTS.names:  # the converter reads a safetensors layout the draft carries
+        assert LLAMACPP_DRAFTS.get(name).hf_layout in DRAFT_ARCHS.get(name).layouts
+    usage = run_cli(["export", "--help"], cwd=Path.cwd()).stdout
+    assert all(name in usage for name in LAYOUTS.names)
+
+
+def test_a_draft_llamacpp_cannot_take_is_refused_by_its_own_folder():
+    """Each draft folder's refusal for llama.cpp, as the gguf writer asks it."""
+    from specft.drafts.layouts import LLAMACPP_DRAFTS
+
+    assert "draft.qk_norm=false" in LLAMACPP_DRAFTS.get("eagle3").refusal({"qk_norm": True})
+    assert LLAMACPP_DRAFTS.get("eagle3").refusal({"qk_norm": False}) is None
+    narrow = {"target_vocab_size": 100, "draft_vocab_size": 50, "hidden_size": 8, "target_hidden_size": 8}
+    assert "draft.vocab_size=100" in LLAMACPP_DRAFTS.get("dflash").refusal(narrow)
+    assert LLAMACPP_DRAFTS.get("dflash").refusal({**narrow, "draft_vocab_size": 100}) is None

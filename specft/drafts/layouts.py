@@ -14,13 +14,48 @@ in docs/export.md.
 - ``mtp``: DeepSeek-V3's MTP layer, stored as the layer after the target's last:
   model.layers.{N}.{enorm, hnorm, eh_proj, embed_tokens, shared_head.norm,
   shared_head.head, input_layernorm, self_attn.*, post_attention_layernorm, mlp.*}.
+- ``gguf``: llama.cpp's draft file, which its own converter writes from one of the layouts
+  above (export/gguf.py); a draft folder that llama.cpp can take registers how in
+  LLAMACPP_DRAFTS (eagle3/export.py, dflash/export.py), with what it refuses.
+
+Every layout names the writer that makes its files (export/writers.py): ``safetensors``
+(the tensors and config.json of the classes here) or ``gguf``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from specft.registry import Registry
 
 LAYOUTS: Registry = Registry("export layout")
+
+
+class SafetensorsLayout:
+    """A layout written as model.safetensors + config.json: a subclass says how the draft's
+    tensors and config are named (``tensors``, ``config``)."""
+
+    writer = "safetensors"
+
+
+@LAYOUTS.register("gguf")
+class GgufLayout:
+    writer = "gguf"
+
+
+@dataclass(frozen=True)
+class LlamaCppDraft:
+    """How llama.cpp takes a draft architecture under ``--layout gguf``."""
+
+    hf_layout: str  # the safetensors layout llama.cpp's converter reads
+    spec_type: str  # llama-server --spec-type
+    architecture: str  # general.architecture the converter writes
+    refusal: Callable[[dict], str | None]  # draft meta -> why llama.cpp cannot take it, if it cannot
+
+
+# specft draft architecture -> how llama.cpp takes it, registered by the draft's folder
+LLAMACPP_DRAFTS: Registry[LlamaCppDraft] = Registry("llama.cpp draft")
 
 
 # The draft's decoder layer is a Llama layer, or a Qwen3 one when it has q/k norm:

@@ -4,13 +4,8 @@ specft's EAGLE-3 or DFlash export, then read back and checked: architecture, the
 layers it taps, the target width and vocabulary, the draft vocabulary map, DFlash's block.
 
 What llama.cpp cannot take is refused in one line rather than converted into a file that
-would load and compute something else:
-- its EAGLE3 graph (src/models/eagle3.cpp) has a Llama decoder layer, no q/k norm: a
-  Qwen3-layer EAGLE-3 draft (specft's default for Qwen3 targets) is refused; train one for
-  llama.cpp with draft.qk_norm=false;
-- its DFlash converter keeps no draft vocabulary map (d2t) and its graph embeds with the
-  target's own token embedding: a DFlash draft must cover the whole target vocabulary and
-  have the target's width.
+would load and compute something else: each draft folder that llama.cpp can take registers
+its refusals beside its layouts (drafts/eagle3/export.py, drafts/dflash/export.py).
 """
 
 from __future__ import annotations
@@ -20,14 +15,14 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from specft.drafts.layouts import LLAMACPP_DRAFTS
 from specft.errors import SpecftError
-from specft.export import check_out_dir, export_draft
+from specft.export.files import check_out_dir, draft_meta
+from specft.export.safetensors import export_draft
 from specft.lock import sibling_lock
 
 log = logging.getLogger(__name__)
@@ -42,42 +37,9 @@ GGUF_TYPES = {"f32": ("f32", None), "f16": ("f16", None), "bf16": ("bf16", None)
               "q4_0": ("f16", "Q4_0")}
 
 
-def _eagle3_refusal(meta: dict) -> str | None:
-    if meta.get("qk_norm"):
-        return ("this draft's decoder layer has q/k norm (a Qwen3 layer), which llama.cpp's EAGLE3 graph does "
-                "not compute; train it with draft.qk_norm=false to serve it with llama.cpp")
-    return None
-
-
-def _dflash_refusal(meta: dict) -> str | None:
-    vocab = meta["target_vocab_size"]
-    if (meta.get("draft_vocab_size") or vocab) != vocab:
-        return (f"llama.cpp's DFlash converter keeps no draft vocabulary map (d2t), and this draft predicts "
-                f"{meta['draft_vocab_size']} of the target's {vocab} tokens; train it with draft.vocab_size={vocab}")
-    if meta["hidden_size"] != meta.get("target_hidden_size", meta["hidden_size"]):
-        return (f"llama.cpp's DFlash graph embeds with the target's token embedding (width "
-                f"{meta['target_hidden_size']}), and this draft is {meta['hidden_size']} wide; train it without "
-                "draft.hidden_size")
-    return None
-
-
-@dataclass(frozen=True)
-class GgufDraft:
-    layout: str  # specft's HF layout the converter reads
-    spec_type: str  # llama-server --spec-type
-    architecture: str  # general.architecture the converter writes
-    refusal: Callable[[dict], str | None]  # why llama.cpp cannot take this draft, if it cannot
-
-
-# specft draft architecture -> how llama.cpp takes it
-CONVERTIBLE = {"eagle3": GgufDraft("eagle3", "draft-eagle3", "eagle3", _eagle3_refusal),
-               "dflash": GgufDraft("dflash", "draft-dflash", "dflash", _dflash_refusal)}
-
-
 def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path | None = None,
                 overwrite: bool = False, gguf_type: str = "f16") -> Path:
     from specft.eval.drafts import load_draft, resolve_checkpoint
-    from specft.export import _meta
     from specft.llamacpp.convert import hf_to_gguf, quantize
 
     if gguf_type not in GGUF_TYPES:
@@ -86,18 +48,18 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
     folder = resolve_checkpoint(checkpoint, "checkpoint")
     out = check_out_dir(Path(out_dir).expanduser(), overwrite)
     _, draft_config = load_draft(folder, field="checkpoint")
-    meta = _meta(folder, draft_config)
+    meta = draft_meta(folder, draft_config)
     arch = meta.get("architecture", "eagle3")
-    if arch not in CONVERTIBLE:
+    if arch not in LLAMACPP_DRAFTS:
         raise SpecftError(f"--layout gguf: llama.cpp's converter takes no specft {arch} draft yet; "
-                          f"convertible: {', '.join(CONVERTIBLE)}")
-    kind = CONVERTIBLE[arch]
+                          f"convertible: {', '.join(LLAMACPP_DRAFTS.names)}")
+    kind = LLAMACPP_DRAFTS.get(arch)
     reason = kind.refusal(meta)
     if reason:
         raise SpecftError(f"--layout gguf: {reason}")
     with tempfile.TemporaryDirectory(prefix="specft-gguf-") as tmp:
         tmp = Path(tmp)
-        hf = export_draft(folder, tmp / "hf", layout=kind.layout, quant="none", dtype="float32")
+        hf = export_draft(folder, tmp / "hf", layout=kind.hf_layout, quant="none", dtype="float32")
         target_dir, pre_tokenizer = _target_dir(
             target or _run_target(folder) or (meta.get("verifier") or {}).get("name_or_path"), tmp / "target")
         outtype, requantize = GGUF_TYPES[gguf_type]
@@ -196,7 +158,7 @@ def check_draft_gguf(path: Path, meta: dict) -> dict:
     from specft.drafts.layouts import vllm_aux_ids
 
     facts = gguf_facts(path)
-    arch = CONVERTIBLE[meta.get("architecture", "eagle3")].architecture
+    arch = LLAMACPP_DRAFTS.get(meta.get("architecture", "eagle3")).architecture
     expected = {"architecture": arch, "target_layers": vllm_aux_ids(meta),
                 "target_hidden_size": meta.get("target_hidden_size", meta["hidden_size"]),
                 "draft_vocab_size": meta.get("draft_vocab_size") or meta["target_vocab_size"]}

@@ -67,7 +67,7 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
     """Write OUT_DIR: the draft checkpoint at ``checkpoint`` folded for the rotation
     ``source``, a checkpoint folder that `specft eval` and `specft export` read."""
     from specft.eval.drafts import load_draft, resolve_checkpoint
-    from specft.export import check_out_dir, write_files_atomically
+    from specft.export.files import check_out_dir, write_files_atomically
     from specft.lock import sibling_lock
 
     folder = resolve_checkpoint(checkpoint, "checkpoint")

@@ -1,4 +1,5 @@
-"""EAGLE-3's serving layouts: eagle3 (vLLM / SGLang checkpoints) and speculators."""
+"""EAGLE-3's serving layouts: eagle3 (vLLM / SGLang checkpoints), speculators, and gguf
+(llama.cpp's converter reads the eagle3 layout; its EAGLE3 graph has a Llama decoder layer)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import torch
 from specft.drafts.layouts import (
     LAYER_KINDS,
     LAYOUTS,
+    LLAMACPP_DRAFTS,
+    LlamaCppDraft,
+    SafetensorsLayout,
     decoder_block,
     layer_kind,
     serving_tensors,
@@ -27,7 +31,7 @@ def _eagle3_tensors(state: dict, meta: dict) -> dict[str, torch.Tensor]:
 
 
 @LAYOUTS.register("eagle3")
-class Eagle3Layout:
+class Eagle3Layout(SafetensorsLayout):
     # What vLLM's speculative_config needs beside the model and k to draft with it.
     vllm_speculative = {"method": "eagle3"}
 
@@ -43,7 +47,7 @@ class Eagle3Layout:
 
 
 @LAYOUTS.register("speculators")
-class SpeculatorsLayout:
+class SpeculatorsLayout(SafetensorsLayout):
     vllm_speculative = {"method": "eagle3"}
 
     def config(self, meta: dict) -> dict:
@@ -62,3 +66,14 @@ class SpeculatorsLayout:
         # speculators' Eagle3DraftModel holds all decoder layers in one `layers` list.
         return {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
                 for k, v in _eagle3_tensors(state, meta).items()}
+
+
+def _llamacpp_refusal(meta: dict) -> str | None:
+    """llama.cpp's EAGLE3 graph (src/models/eagle3.cpp) has a Llama decoder layer, no q/k norm."""
+    if meta.get("qk_norm"):
+        return ("this draft's decoder layer has q/k norm (a Qwen3 layer), which llama.cpp's EAGLE3 graph does "
+                "not compute; train it with draft.qk_norm=false to serve it with llama.cpp")
+    return None
+
+
+LLAMACPP_DRAFTS.register("eagle3")(LlamaCppDraft("eagle3", "draft-eagle3", "eagle3", _llamacpp_refusal))

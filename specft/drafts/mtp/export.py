@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from specft.drafts.layouts import (
-    LAYOUTS,
-    decoder_block,
-)
+from specft.drafts.layouts import LAYOUTS, SafetensorsLayout, decoder_block
 from specft.errors import SpecftError
 
 
 @LAYOUTS.register("mtp")
-class MtpLayout:
+class MtpLayout(SafetensorsLayout):
     def config(self, meta: dict) -> dict:
         if meta.get("qk_norm"):
             raise SpecftError("export: the mtp layout's decoder layer (DeepSeek-V3) has no q/k norm; "
