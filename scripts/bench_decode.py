@@ -6,7 +6,7 @@ quantization, fp8, mxfp4) and batch size:
   (a) roofline: the model's GEMMs (30 layers + head) at this batch, fp32 and bf16, and a
       weight-sized memory read (the bound when a step is bandwidth-bound)
   (b) forward: the bare batched forward, one token per row, with transformers' KV cache
-  (c) regenerate: ``specft.data.generate.generate_batch`` (what stage 1 runs)
+  (c) regenerate: ``specft.engines.generate.generate_batch`` (what stage 1 runs)
   (d) eval: ``specft eval``'s target-alone decoding (SpecDecoder, k=0)
   (e) spec: speculative rounds at k=3 with an EAGLE-3 draft (random weights: the cost of a
       round, not its acceptance), and the round's parts timed apart (draft propose + extend,
@@ -67,7 +67,7 @@ def build_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     if GSM8K.exists():
         questions = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[: 40 * n]]
     else:
-        from specft.data.synthetic import synthetic_conversations
+        from specft.target_model.word_problems import synthetic_conversations
 
         questions = [c[0]["content"] for c in synthetic_conversations(40 * n, seed=0)]
     prompts, q = [], iter(questions)
@@ -324,7 +324,7 @@ def prefill_clock(model):
 
 def regenerate_path(model, tokenizer, prompts, new_tokens: int) -> dict:
     from specft.config import RegenerateConfig
-    from specft.data.generate import generate_batch
+    from specft.engines.generate import generate_batch
 
     with prefill_clock(model) as spent:
         t0 = time.perf_counter()

@@ -108,7 +108,7 @@ def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[li
 def load_prompts(run: Path, num: int, overrides: list[str]) -> list[list[int]]:
     from check_vllm import run_config
 
-    from specft.eval.runner import load_prompts as eval_prompts
+    from specft.eval.prompts import load_prompts as eval_prompts
     from specft.target_model import load_tokenizer
 
     cfg = run_config(run.resolve(), [f"eval.num_prompts={num}", *overrides])

@@ -126,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from specft.config import aux_layer_ids
-    from specft.eval.runner import load_prompts
+    from specft.eval.prompts import load_prompts
     from specft.target_model import load_tokenizer
 
     cfg = run_config(args.run, [*args.overrides, f"eval.num_prompts={args.num_prompts}",

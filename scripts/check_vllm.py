@@ -115,7 +115,7 @@ def specft_side(cfg, target_dir: Path, checkpoint: Path, ks: list[int], batch: i
     from specft.decoding import SamplingConfig, SpecDecoder
     from specft.drafts import DRAFT_ARCHS
     from specft.eval.drafts import load_draft, share_target_embedding
-    from specft.eval.runner import load_prompts
+    from specft.eval.prompts import load_prompts
     from specft.target_model import load_target
     from specft.target_model.loader import stop_token_ids
 

@@ -58,7 +58,7 @@ class ModelConfig:
 @dataclass
 class AnswerServerConfig:
     """data.regenerate.engine=server: an OpenAI-compatible server (llama-server, vLLM,
-    SGLang) serving the checkpoint answers the prompts (runners/openai_server.py)."""
+    SGLang) serving the checkpoint answers the prompts (engines/openai_server.py)."""
     url: str | None = None  # http://HOST:PORT, the server's /v1 routes below it
     model: str | None = None  # the served model's name; null: the first /v1/models lists
     concurrency: int = 8  # requests in flight (the server batches them)
@@ -85,7 +85,7 @@ class RegenerateConfig:
     # Reuse answers that other caches in cache.root made for the same questions under the
     # same target and generation settings (data/answer_store.py); false answers afresh.
     reuse: bool = True
-    # Who answers (runners/: a target runner with the answers role): specft's own engine over the loaded target, or
+    # Who answers (engines/: an engine with the answers role): specft's own engine over the loaded target, or
     # a server serving the checkpoint (data.regenerate.server).
     engine: str = "specft"
     server: AnswerServerConfig = field(default_factory=AnswerServerConfig)
@@ -142,7 +142,7 @@ class CacheConfig:
     # A cache another specft process is building: false refuses in one line naming it;
     # true waits for that process to end, then reads the cache (or finishes it).
     wait: bool = False
-    # What computes the features (runners/: a target runner with the features role): torch (specft's emulation of the
+    # What computes the features (engines/: an engine with the features role): torch (specft's emulation of the
     # served target) or llamacpp (llama.cpp itself on a GGUF target, through its probe).
     engine: str = "torch"
 

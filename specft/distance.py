@@ -164,7 +164,7 @@ def run_distance(cfg) -> dict:
     seqs = _sequences(cfg, tokenizer)
     prompts = None
     if draft is not None:
-        from specft.eval.runner import load_prompts
+        from specft.eval.prompts import load_prompts
 
         prompts, _ = load_prompts(cfg, tokenizer)
     if cfg.quant.needs_calibration:  # an emulated static format: calibrated on the same held-out text

@@ -8,11 +8,10 @@ loads it), so what passes here does not fail later for the same reason.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
-from specft.config import DataConfig, ModelConfig, RootConfig
+from specft.config import ModelConfig, RootConfig
 from specft.errors import SpecftError
 from specft.paths import models_dir, require_writable_dir, specft_home
 from specft.quantized_checkpoints.gguf_family import is_gguf_file
@@ -87,13 +86,6 @@ def _looks_local(value: str) -> bool:
     return value.startswith(("/", ".", "~")) or value.count("/") != 1
 
 
-def eval_prompt_data(data: DataConfig, num_prompts: int) -> DataConfig:
-    """The data config `specft eval` reads prompts with: answers are not read (open
-    slots allowed, no answer-length filter), so no prompt is left out for its answer."""
-    return dataclasses.replace(data, num_samples=num_prompts, min_response_chars=0,
-                               regenerate=dataclasses.replace(data.regenerate, enabled=True))
-
-
 # Data configs this process has loaded already: the CLI checks every job before Hydra
 # runs, and the job checks again once Hydra resolved it; a large file loads once.
 _DATA_LOADED: set[str] = set()
@@ -107,6 +99,7 @@ def check_data(root: RootConfig, command: str) -> None:
 
     from specft.data import check_data_files, load_conversations, mix_members
     from specft.data.sources import DATA_SOURCES
+    from specft.eval.prompts import eval_prompt_data
     from specft.provenance.keys import cache_key
 
     data = root.data
@@ -158,11 +151,11 @@ def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None
     check_writable_places(root, command)
     check_data(root, command)
     if command != "eval":
-        from specft.runners import runner_for
+        from specft.engines import engine_for
 
-        runner_for("features", root.cache.engine).check_ready(root)  # e.g. llama.cpp not installed
+        engine_for("features", root.cache.engine).check_ready(root)  # e.g. llama.cpp not installed
     if command == "train" and root.trainer.unrotate is not None:
-        from specft.quant.rotation_source import served_rotation
+        from specft.target_model.rotation_source import served_rotation
 
         served_rotation(root)  # an unknown or bad R1, before stage 1 runs
     if command != "eval":

@@ -24,6 +24,11 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def alias(self, old: str, name: str) -> None:
+        """``old`` stays accepted for the entry ``name``: a name configs and caches already
+        hold, kept when the entry was renamed."""
+        self.register(old)(self._entries[name])
+
     def get(self, name: str, field: str | None = None) -> T:
         if name not in self._entries:
             where = f"{field}: " if field else ""

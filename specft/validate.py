@@ -35,11 +35,11 @@ from specft.config import (
 from specft.data import mix_members
 from specft.data.sources import DATA_SOURCES
 from specft.drafts import DRAFT_ARCHS
+from specft.engines import engine_for
 from specft.errors import ConfigError
 from specft.quant.config import load_quant_config
 from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
 from specft.quant.formats import ELEMENT_FORMATS, IntFormat
-from specft.runners import runner_for
 from specft.target_model.facts import fill_model_facts
 from specft.target_model.sharding import SHARDINGS
 from specft.train.losses import LOSSES
@@ -167,7 +167,7 @@ def validate_cache(cfg: RootConfig) -> None:
     SHARDINGS.get(c.sharding, "cache.sharding")
     if c.tp_size is not None:
         _positive(c.tp_size, "cache.tp_size")
-    runner_for("features", c.engine).validate(cfg)
+    engine_for("features", c.engine).validate(cfg)
 
 
 def validate_draft(cfg: RootConfig) -> None:
@@ -363,7 +363,7 @@ def validate(cfg: RootConfig) -> None:
     _choice(cfg.logger.name, ("jsonl", "wandb"), "logger.name")
     validate_loss(cfg)
     _validate_data(cfg.data)
-    runner_for("answers", cfg.data.regenerate.engine).validate(cfg)
+    engine_for("answers", cfg.data.regenerate.engine).validate(cfg)
     _validate_eval(cfg.eval)
     validate_plan(cfg)
 

@@ -30,7 +30,7 @@ SERVED = ["data.regenerate.enabled=true", "data.regenerate.engine=server", "data
     ([*SERVED, "data.regenerate.server.url=localhost:8080"], "as http://HOST:PORT; got localhost:8080"),
     ([*SERVED, "data.regenerate.server.url=http://h:1", "data.regenerate.server.concurrency=0"],
      "data.regenerate.server.concurrency: must be > 0, got 0"),
-    (["data.regenerate.engine=vllm"], "data.regenerate.engine: unknown target runner 'vllm'; allowed: llamacpp, server, specft, torch"),
+    (["data.regenerate.engine=vllm"], "data.regenerate.engine: unknown engine 'vllm'; allowed: llamacpp, server, specft, torch"),
 ])
 def test_server_settings_are_checked_before_anything_runs(overrides, line):
     with pytest.raises(ConfigError) as err:
@@ -235,12 +235,12 @@ def test_a_finished_cache_is_found_by_its_manifest_when_its_server_is_down(tmp_p
     """The lookup alone (the real server's case is the llamacpp test above): among the
     finished caches of this config, the one a server answered is read; two are one line."""
     from specft.cache.writer import answered_cache_provenance
+    from specft.engines import EngineUnreachable
     from specft.errors import SpecftError
-    from specft.runners import RunnerUnreachable
 
     cfg = root_cfg("model=tiny_qwen3", f"cache.root={tmp_path}")
     ours = {"version": 1, "data": {"x": 1}}
-    down = RunnerUnreachable("data.regenerate.server: http://h:1/v1/models gave no usable answer")
+    down = EngineUnreachable("data.regenerate.server: http://h:1/v1/models gave no usable answer")
 
     def finished(name: str, model: str, complete: bool = True, **other):
         folder = tmp_path / f"{cfg.model.name}-{cfg.quant.name}-{name}"
@@ -248,11 +248,11 @@ def test_a_finished_cache_is_found_by_its_manifest_when_its_server_is_down(tmp_p
         provenance = {**ours, **other, "answers": {"engine": "server", "model": model}}
         (folder / "manifest.json").write_text(json.dumps({"complete": complete, "provenance": provenance}))
 
-    with pytest.raises(RunnerUnreachable):
+    with pytest.raises(EngineUnreachable):
         answered_cache_provenance(cfg, ours, down)  # nothing finished: the server is needed
     finished("a", "q4km", complete=False)
     finished("b", "other-data", data={"x": 2})
-    with pytest.raises(RunnerUnreachable):
+    with pytest.raises(EngineUnreachable):
         answered_cache_provenance(cfg, ours, down)  # unfinished, or another config's
     finished("c", "q4km")
     assert answered_cache_provenance(cfg, ours, down)["answers"]["model"] == "q4km"

@@ -16,8 +16,8 @@ from specft.eval.drafts import load_draft, share_target_embedding
 from specft.export.rotation_fold import fold_into_eagle3, recover_rotation
 from specft.quant.orthogonal import orthogonal
 from specft.quant.rotation import rotate_model
-from specft.quant.rotation_source import rotation_matrix
 from specft.target_model import FeatureCapture
+from specft.target_model.rotation_source import rotation_matrix
 from specft.train.checkpoint import write_draft_files
 
 from conftest import run_cli

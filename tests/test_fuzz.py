@@ -323,7 +323,7 @@ def rotation_file(tmp_path_factory) -> Path:
 
 @given(data=st.data())
 def test_fuzz_rotation_files(tmp_path_factory, rotation_file, data):
-    from specft.quant.rotation_source import rotation_matrix
+    from specft.target_model.rotation_source import rotation_matrix
 
     folder = _scratch(tmp_path_factory, "rotation")
     path = folder / "r1.safetensors"
@@ -375,7 +375,7 @@ def test_fuzz_server_replies(tmp_path_factory, tiny_tokenizer, data):
     from fake_openai_server import FakeOpenAiServer
 
     from specft.config import AnswerServerConfig, RegenerateConfig
-    from specft.runners.openai_server import AnswerServer, check_tokens
+    from specft.engines.openai_server import AnswerServer, check_tokens
 
     models = data.draw(st.one_of(st.just(VALID_MODELS), json_mutation(VALID_MODELS)))
     completion = data.draw(json_mutation(VALID_COMPLETION))

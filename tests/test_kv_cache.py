@@ -6,9 +6,9 @@ from transformers import DynamicCache
 
 from specft.config import RegenerateConfig
 from specft.data import load_conversations
-from specft.data.generate import generate_batch
 from specft.data.template import prompt_ids
 from specft.decoding.kv_cache import InPlaceCache
+from specft.engines.generate import generate_batch
 from specft.quant import apply_quant
 from specft.quant.apply import SharedInput
 from specft.target_model import load_target
@@ -120,13 +120,13 @@ def test_compacting_holes_keeps_every_logit_and_bounds_the_cache(monkeypatch):
     forward would not fit, the runner moves each row's kept columns together instead of
     growing the buffer. Logits match a runner that never compacts (float64), and the
     compacting one ends with fewer columns and a smaller buffer."""
-    from specft.decoding.target import TargetRunner
+    from specft.decoding.target import Engine
 
     m, _, _ = _model()
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, m.config.vocab_size, (3, 6), generator=g)
     valid = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1], [0] * 5 + [1]])  # left padding: holes too
-    runners = {"compacts": TargetRunner(m, [1]), "never": TargetRunner(m, [1])}
+    runners = {"compacts": Engine(m, [1]), "never": Engine(m, [1])}
     never = runners["never"]
     monkeypatch.setattr(never, "_compact", lambda: None)
     for r in runners.values():

@@ -100,3 +100,45 @@ def test_every_shipped_option_composes_and_validates(group, option):
         extra = ["model=hf", f"model.path={checkpoints / 'fp8_dynamic'}"]
     cfg = root_cfg(f"{group}={option}", *extra)
     assert getattr(cfg, group) is not None
+
+
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+
+
+def design_layers() -> dict[str, int]:
+    """docs/design.md's layer list: each package or top-level module of specft -> its
+    layer's rank (lowest first)."""
+    text = DESIGN.read_text()
+    block = text[text.index("<!-- layers -->"):text.index("<!-- /layers -->")]
+    layers = {}
+    for line in block.splitlines()[1:]:
+        rank, _, names = line.partition(". ")
+        names = names.split(":", 1)[-1]
+        layers.update({name.strip(): int(rank) for name in names.split(",")})
+    return layers
+
+
+def _top(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def upward_imports(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    return [f"{module} -> {dep}" for module, deps in sorted(graph.items()) for dep in sorted(deps)
+            if _top(module) != _top(dep) and layers[_top(dep)] > layers[_top(module)]]
+
+
+def test_every_package_and_module_has_a_layer_in_the_design():
+    missing = {_top(m) for m in import_graph() if m != "specft"} - set(design_layers())
+    assert not missing, f"add to docs/design.md's layer list: {', '.join(sorted(missing))}"
+
+
+def test_no_import_points_up_the_layers():
+    """An upward import (deferred ones included) is a layer calling back into one above it."""
+    upward = upward_imports(import_graph(), design_layers())
+    assert not upward, "imports up the layers of docs/design.md:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    layers = {"errors": 1, "data": 11, "engines": 9}
+    graph = {"specft.engines.x": {"specft.data", "specft.errors"}, "specft.data.y": {"specft.engines"}}
+    assert upward_imports(graph, layers) == ["specft.engines.x -> specft.data"]

@@ -352,7 +352,7 @@ def test_multirun_fail_fast_skips_the_jobs_after_a_failure(tmp_path):
 # -- prompts for eval ----------------------------------------------------------------------
 
 def test_eval_prompts_are_not_filtered_by_their_reference_answers(tmp_path):
-    from specft.eval.runner import load_prompts
+    from specft.eval.prompts import load_prompts
     from specft.target_model import load_tokenizer
 
     rows = [{"question_id": i, "turns": [f"question {i}?"], "reference": ["4"] if i % 2 else []} for i in range(10)]

@@ -8,9 +8,9 @@ import torch
 from specft.cache import CacheReader, ensure_cache, locate_cache
 from specft.config import DataConfig, RegenerateConfig
 from specft.data import DataSummary, load_conversations
-from specft.data.generate import generate_batch
 from specft.data.regenerate import regenerate, store_path
 from specft.data.template import prompt_ids
+from specft.engines.generate import generate_batch
 from specft.quant import apply_quant
 from specft.target_model import load_target, load_tokenizer
 
@@ -92,7 +92,7 @@ def test_multi_turn_slots_are_answered_in_order(tmp_path):
         seen.append(tok.decode(prompts[0]))
         return real(model_, tok_, prompts, rc, seed, **kwargs)
 
-    import specft.data.generate as mod
+    import specft.engines.generate as mod
     mod_generate = mod.generate_batch
     mod.generate_batch = spy
     try:
@@ -195,7 +195,7 @@ def test_keep_text_is_a_mix_members_field_only(tmp_path):
 
 
 def _no_generation(monkeypatch):
-    monkeypatch.setattr("specft.data.generate.generate_batch",
+    monkeypatch.setattr("specft.engines.generate.generate_batch",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("generated again")))
 
 
@@ -213,7 +213,7 @@ def test_a_larger_cache_reuses_the_answers_a_smaller_one_stored(tmp_path, monkey
         asked.append(len(prompts))
         return real(model_, tok_, prompts, rc, seed, **kwargs)
 
-    monkeypatch.setattr("specft.data.generate.generate_batch", counting)
+    monkeypatch.setattr("specft.engines.generate.generate_batch", counting)
     cfg = _cfg(tmp_path, "data.num_samples=6")
     big_dir = ensure_cache(cfg)
     assert big_dir != small_dir

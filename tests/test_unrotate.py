@@ -13,8 +13,8 @@ from specft.config import aux_layer_ids
 from specft.errors import ConfigError
 from specft.export.rotation_fold import fold_into_eagle3
 from specft.quant.rotation import rotate_model
-from specft.quant.rotation_source import rotation_matrix, served_rotation
 from specft.target_model import FeatureCapture
+from specft.target_model.rotation_source import rotation_matrix, served_rotation
 from specft.train.unrotate import UnrotatedFeatures
 
 from conftest import run_cli

@@ -18,10 +18,10 @@ from specft.cache.writer import (
     target_head_tensors,
 )
 from specft.config import RootConfig
+from specft.engines import EngineUnreachable, engine_for
 from specft.errors import SpecftError
 from specft.launch import barrier
 from specft.provenance.build import build_provenance, with_answers
-from specft.runners import RunnerUnreachable, runner_for
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def locate_cache(cfg: RootConfig):
     base = build_provenance(cfg, tokenizer, answers=False)
     try:
         provenance = with_answers(cfg, base)
-    except RunnerUnreachable as err:  # a server that wrote the answers is down
+    except EngineUnreachable as err:  # a server that wrote the answers is down
         provenance = answered_cache_provenance(cfg, base, err)
     return resolve_cache_dir(cfg, provenance), provenance, tokenizer
 
@@ -56,7 +56,7 @@ def ensure_cache(cfg: RootConfig, rank: int = 0, world_size: int = 1, verify: bo
         log.info("cache: reusing %s", cache_dir)
         return cache_dir
     barrier(world_size)  # every rank has checked before rank 0 may write a manifest
-    engine = runner_for("features", cfg.cache.engine)
+    engine = engine_for("features", cfg.cache.engine)
     engine.check_ready(cfg)  # a missing engine is refused before anything is computed or written
     summary = DataSummary()
     convs = load_conversations(cfg.data, summary)

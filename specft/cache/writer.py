@@ -46,7 +46,7 @@ def resolve_cache_dir(cfg: RootConfig, provenance: dict) -> Path:
 
 def answered_cache_provenance(cfg: RootConfig, provenance: dict, unreachable: SpecftError) -> dict:
     """The provenance of the one finished cache of this config whose answers came from a
-    runner that does not answer now (a server that is down): reading a finished cache
+    engine that does not answer now (a server that is down): reading a finished cache
     needs no answers, only their identity, which its manifest keeps. ``provenance``: this
     config's, less that identity. Anything else re-raises ``unreachable``."""
     if cfg.cache.dir:

@@ -31,12 +31,12 @@ from specft.data.answer_store import (
     reusable_answers,
     store_path,
 )
-from specft.data.generate import generate_batch
 from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
+from specft.engines import engine_for
+from specft.engines.generate import generate_batch
 from specft.errors import SpecftError
 from specft.progress import progress_bar
-from specft.runners import runner_for
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def read_all_answers(cache_dir: Path, convs: list[Conversation], world_size: int
 def _answer_conversations(model, tokenizer, convs: list[Conversation], cfg: DataConfig, seed: int,
                           summary: DataSummary, lockstep, answer) -> tuple[list[Conversation | None], int]:
     """Answer every assistant turn of ``convs`` in order, turn by turn across the batch,
-    with ``answer`` (the answers runner's, specft/runners/). A conversation whose answer the
+    with ``answer`` (the answers engine's, specft/engines/). A conversation whose answer the
     engine cut short (None: a server's context ran out) is None: never stored as complete."""
     convs = [[dict(m) for m in c] for c in convs]
     cut: set[int] = set()
@@ -159,7 +159,7 @@ def _regenerate(model, tokenizer, convs, cfg: DataConfig, cache_dir: Path, rank:
         done.update(reused)
         pending = [i for i in pending if i not in reused]
     t0, tokens, cut = time.perf_counter(), 0, 0
-    answer = runner_for("answers", rc.engine).answerer(rc) if pending else None
+    answer = engine_for("answers", rc.engine).answerer(rc) if pending else None
     with progress_bar(len(mine), f"regenerate r{rank}", "conv", initial=len(mine) - len(pending)) as bar:
         for start in range(0, len(pending), rc.batch_size):
             batch = pending[start: start + rc.batch_size]

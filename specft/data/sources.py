@@ -37,7 +37,7 @@ def reads_file(source):
 
 @DATA_SOURCES.register("synthetic")
 def synthetic_source(cfg: DataConfig, summary: DataSummary) -> Iterator[Conversation | str]:
-    from specft.data.synthetic import synthetic_conversations
+    from specft.target_model.word_problems import synthetic_conversations
 
     # Enough raw conversations that the split and dedup never starve the cap.
     share = {"all": 1.0, "train": 1 - cfg.val_fraction, "validation": cfg.val_fraction}[cfg.split]

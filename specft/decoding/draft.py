@@ -196,9 +196,9 @@ class TargetAsDraft:
     greedy verification every proposal must be accepted."""
 
     def __init__(self, model):
-        from specft.decoding.target import TargetRunner
+        from specft.decoding.target import Engine
 
-        self.runner = TargetRunner(model, None)
+        self.runner = Engine(model, None)
         self.draft = None
 
     def reset(self, batch: int, device) -> None:

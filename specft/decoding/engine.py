@@ -10,7 +10,7 @@ import torch
 
 from specft.decoding.draft import ChainRunner
 from specft.decoding.sampling import SamplingConfig, sample, verify_greedy, verify_sampling, warp
-from specft.decoding.target import TargetRunner
+from specft.decoding.target import Engine
 from specft.device import synchronize
 from specft.target_model.loader import left_pad
 
@@ -74,7 +74,7 @@ class SpecDecoder:
 
     def __init__(self, target_model, draft: ChainRunner | None, aux_layer_ids: list[int] | None,
                  eos_ids: set[int], pad_id: int = 0):
-        self.target = TargetRunner(target_model, aux_layer_ids if draft is not None else None)
+        self.target = Engine(target_model, aux_layer_ids if draft is not None else None)
         self.draft = draft
         self.eos_ids = set(eos_ids)
         self.pad_id = pad_id

@@ -6,7 +6,7 @@ per layer and step, a large share of a small model's decode step on CPU. Here ea
 keeps a buffer with room ahead; a step writes its columns into the room and the layer
 exposes views of the filled part, so a step copies only its own columns. The buffer
 grows by half when the room runs out, so no length has to be known up front
-(speculative decoding leaves rejected columns as holes; TargetRunner moves the kept
+(speculative decoding leaves rejected columns as holes; Engine moves the kept
 columns together before a buffer would grow for them). The values attention reads are the same as with DynamicCache.
 """
 

@@ -27,7 +27,7 @@ class TargetStep:
     final: torch.Tensor  # [B, m, H]: post-norm final hidden (lm_head input)
 
 
-class TargetRunner:
+class Engine:
     def __init__(self, model, aux_layer_ids: list[int] | None):
         self.model = model
         self.aux_layer_ids = aux_layer_ids or []

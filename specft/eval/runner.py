@@ -14,33 +14,13 @@ from specft.decoding import DecodeStats, SamplingConfig, SpecDecoder
 from specft.device import resolve_dtype
 from specft.drafts import DRAFT_ARCHS
 from specft.errors import SpecftError
+from specft.eval.prompts import load_prompts
 from specft.eval.stats import confidence, paired_difference
 from specft.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-
-
-def load_prompts(cfg: RootConfig, tokenizer) -> tuple[list[list[int]], dict[str, int]]:
-    """Each conversation up to its first assistant turn, with the generation prompt; and
-    the records left out, by reason (answers are not read, so none is left out for its
-    answer: see preflight.eval_prompt_data)."""
-    from specft.data import DataSummary, load_conversations
-    from specft.data.template import prompt_ids
-    from specft.preflight import eval_prompt_data
-
-    summary = DataSummary()
-    data = eval_prompt_data(cfg.data, cfg.eval.num_prompts)
-    room = max(cfg.data.max_seq_len - cfg.eval.max_new_tokens, 1)  # keep the prompt's end
-    prompts = []
-    for conv in load_conversations(data, summary):
-        first = next(i for i, m in enumerate(conv) if m["role"] == "assistant")
-        prompts.append(prompt_ids(tokenizer, conv[:first], cfg.data.thinking)[-room:])
-    left_out = {**summary.skipped, **{k: summary[k] for k in ("other_split", "over_cap") if summary[k]}}
-    log.info("eval: %d prompts from %d records%s", len(prompts), summary["records"],
-             "; left out: " + ", ".join(f"{v} {k}" for k, v in left_out.items()) if left_out else "")
-    return prompts, left_out
 
 
 def load_quantized_target(cfg: RootConfig, prompts: list[list[int]], dtype: torch.dtype):

@@ -10,7 +10,7 @@ token embedding it shares with the target when served (rotated too). So:
   without a scale);
 - its frozen embedding copy <- E @ R1, the target's rotated one.
 In float64 the folded draft on the rotated target computes what the original computes on
-the original target. R1 comes from quant/rotation_source.py.
+the original target. R1 comes from target_model/rotation_source.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from specft.errors import SpecftError
-from specft.quant.rotation_source import ROTATED, UNKNOWN, rotation_matrix, target_basis
+from specft.target_model.rotation_source import ROTATED, UNKNOWN, rotation_matrix, target_basis
 
 
 def fold_into_eagle3(state: dict[str, torch.Tensor], meta: dict, r1: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -32,17 +32,22 @@ def verifier_facts(folder: Path, draft_config: dict) -> dict:
 
 def _from_run_config(folder: Path) -> dict:
     """Resolve the target from the run's config.yaml (as the cache did) and read its
-    config.json when it is a local directory."""
+    config.json when it is a local directory. The run wrote its model section resolved,
+    so it is read onto the schema alone."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from specft.config import ModelConfig
     from specft.target_model.loader import MODEL_SOURCES
-    from specft.validate import to_schema
 
     run_yaml = folder / "config.yaml"
     if not run_yaml.exists():
         return {}
     try:
-        model = to_schema(yaml.safe_load(run_yaml.read_text())).model
+        section = (yaml.safe_load(run_yaml.read_text()) or {}).get("model") or {}
+        model = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), section))
         where, gguf_file = MODEL_SOURCES.get(model.source, "model.source")(model)
-    except SpecftError as err:
+    except (SpecftError, OmegaConfBaseException) as err:
         log.warning("export: cannot find the target from %s (%s); the verifier is left unnamed", run_yaml, err)
         return {}
     facts = {"family": model.family, "name_or_path": where}

@@ -1,36 +1,15 @@
 """What a cache's numbers and a store's answers depend on: the provenance (a dict of the
-keyed config, the checkpoint's and tokenizer's fingerprints and what the runners add), its
+keyed config, the checkpoint's and tokenizer's fingerprints and what the engines add), its
 hash (the cache's name) and the answer key. Below both data/ and cache/: regeneration keys
 its answers and stage 1 names its cache from the same record, and neither reaches into the
-other for it. build.py assembles the record (it asks the runners and the checkpoint)."""
+other for it. build.py assembles the record (it asks the engines and the checkpoint),
+hashes.py hashes it, keys.py says which config fields join it and why."""
 
-from __future__ import annotations
+from specft.provenance.hashes import (
+    CACHE_VERSION,
+    answer_key,
+    provenance_hash,
+    tokenizer_fingerprint,
+)
 
-import hashlib
-import json
-
-# Bumped when what the cached numbers mean changes (keys.py classifies the config fields).
-CACHE_VERSION = 1
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items())
-    payload = json.dumps([vocab, tokenizer.chat_template or ""], ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def provenance_hash(provenance: dict) -> str:
-    return hashlib.sha256(json.dumps(provenance, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def answer_key(provenance: dict) -> str:
-    """What the answers depend on, from a cache's provenance: everything but the choice
-    of conversations (data source, sample count, split, seed; those are in the
-    conversation's own digest) and the regenerated share (data.regenerate.fraction)."""
-    data = provenance.get("data", {})
-    regen = {k: v for k, v in data.get("regenerate", {}).items() if k != "fraction"}
-    fields = {name: provenance.get(name) for name in ("version", "checkpoint", "model", "quant", "tokenizer")}
-    fields["data"] = {"thinking": data.get("thinking"), "regenerate": regen}
-    if provenance.get("answers"):  # a server's model (runners/server.py); specft's own engine keeps old keys
-        fields["answers"] = provenance["answers"]
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+__all__ = ["CACHE_VERSION", "answer_key", "provenance_hash", "tokenizer_fingerprint"]

@@ -1,12 +1,12 @@
 """The provenance of a config: the keyed config (keys.py), the checkpoint's and the
-tokenizer's fingerprints, and what the features' and the answers' runners add."""
+tokenizer's fingerprints, and what the features' and the answers' engines add."""
 
 from __future__ import annotations
 
 from specft.config import RootConfig, aux_layer_ids
+from specft.engines import engine_for
 from specft.provenance import CACHE_VERSION, tokenizer_fingerprint
 from specft.provenance.keys import cache_key
-from specft.runners import runner_for
 
 
 def build_provenance(cfg: RootConfig, tokenizer, answers: bool = True) -> dict:
@@ -25,11 +25,11 @@ def build_provenance(cfg: RootConfig, tokenizer, answers: bool = True) -> dict:
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "data": cache_key(cfg.data),
         "dtype": cfg.cache.dtype,
-        **runner_for("features", cfg.cache.engine).provenance(cfg),
+        **engine_for("features", cfg.cache.engine).provenance(cfg),
     }
     return with_answers(cfg, provenance) if answers else provenance
 
 
 def with_answers(cfg: RootConfig, provenance: dict) -> dict:
-    """``provenance`` with what the answers' runner adds (a server: its identity, asked of it)."""
-    return {**provenance, **runner_for("answers", cfg.data.regenerate.engine).provenance(cfg)}
+    """``provenance`` with what the answers' engine adds (a server: its identity, asked of it)."""
+    return {**provenance, **engine_for("answers", cfg.data.regenerate.engine).provenance(cfg)}

@@ -5,7 +5,7 @@ every new field (a logging option, a validation knob) re-key every existing cach
 silently recompute it. So each dataclass whose values reach the provenance lists its
 fields here, keyed or not (with the reason), and tests/test_cache_key.py fails when a
 field is added without being classified. A change to what the cached numbers mean bumps
-CACHE_VERSION (provenance/__init__.py) instead.
+CACHE_VERSION (provenance/hashes.py) instead.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ NOT_KEYED: dict[type, dict[str, str]] = {
     DataConfig: {"keep_text": "only a data.mix member sets it (validated), and members are keyed as written"},
     RegenerateConfig: {"reuse": "reused answers are the same target's answers under the same settings",
                        "server": "where the server is and how it is called; what it serves is keyed as the "
-                                 "provenance's answers (runners/server.py)"},
+                                 "provenance's answers (engines/server.py)"},
     # Only conf/quant/checkpoint.yaml sets it, whose name is keyed; what the checkpoint
     # quantizes is in the checkpoint fingerprint (its config.json and weight files).
     # Keying it would rename every existing cache.

@@ -49,7 +49,7 @@ CHATML_TEMPLATE = (
 
 
 def _tokenizer_corpus(n: int = 3000) -> list[str]:
-    from specft.data.synthetic import synthetic_conversations
+    from specft.target_model.word_problems import synthetic_conversations
 
     texts = []
     for conv in synthetic_conversations(n, seed=12345):

@@ -30,9 +30,9 @@ from specft.data import DataSummary, load_conversations
 from specft.data import report as data_report
 from specft.data.records import Conversation
 from specft.data.regenerate import read_all_answers
+from specft.engines import engine_for
 from specft.errors import SpecftError
 from specft.launch import barrier
-from specft.runners import runner_for
 from specft.target_model.loader import target_facts
 from specft.target_model.sharding import editing
 
@@ -57,7 +57,7 @@ class OnlineFeatures:
         self._epoch_views: dict[int, OnlineFeatures] = {}
         self.cache_dir = name  # what error lines name in place of a cache directory
         self.indices = [i for i, s in enumerate(samples) if s is not None]
-        self.capture = runner_for("features", cfg.cache.engine).capture(cfg, target.model)
+        self.capture = engine_for("features", cfg.cache.engine).capture(cfg, target.model)
         self.pad_id = target.tokenizer.pad_token_id
         # A sharded target's forward is a collective: every rank must read as many samples.
         self.collective = target.placed.lockstep.enabled or target.placed.data_world < world_size

@@ -23,7 +23,7 @@ from specft.eval.stats import confidence
 from specft.export.rotation_fold import fold_into_eagle3
 from specft.export.verifier import VERIFIER_KEYS
 from specft.quant.config import load_quant_config
-from specft.quant.rotation_source import ROTATED, served_rotation, target_basis
+from specft.target_model.rotation_source import ROTATED, served_rotation, target_basis
 from specft.train.batches import StepSampler, collate
 from specft.train.checkpoint import (
     consolidated_state,

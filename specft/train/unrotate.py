@@ -10,7 +10,7 @@ scripts/recover_rotation.py), the readers here un-rotate everything stage 2 read
 quantized target's values. The trainer (its _served) folds R1 into every draft it writes,
 checkpoints and final, with export/rotation_fold.py's fold_into_eagle3, so each reads the
 served, rotated states with no further step; DeepSpeed states stay in the training basis.
-R1 comes from quant/rotation_source.py's served_rotation.
+R1 comes from target_model/rotation_source.py's served_rotation.
 
 Exact in float64: features, embedding and head un-rotated by R1^T are the unrotated
 target's (tests/test_unrotate.py).

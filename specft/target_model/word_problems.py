@@ -1,7 +1,6 @@
-"""Built-in templated arithmetic word problems with worked answers.
-
-The default data source, so the main job needs no download. Deterministic per seed.
-"""
+"""Built-in templated arithmetic word problems with worked answers, deterministic per seed:
+the text tiny models' tokenizers are trained on (tiny.py), and the default data source
+(data=synthetic, registered in data/sources.py), so the main job needs no download."""
 
 from __future__ import annotations
 

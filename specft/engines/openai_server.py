@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from specft.config import AnswerServerConfig, RegenerateConfig
+from specft.engines import EngineUnreachable
 from specft.errors import SpecftError
-from specft.runners import RunnerUnreachable
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
 
@@ -81,7 +81,7 @@ class AnswerServer:
             if attempt < self.cfg.retries:
                 time.sleep(wait)
                 wait *= 2
-        raise (RunnerUnreachable if unreachable else SpecftError)(
+        raise (EngineUnreachable if unreachable else SpecftError)(
             f"data.regenerate.server: {self.base}{path} gave no usable answer after {self.cfg.retries + 1} tries "
             f"({failure[:300]}); is the server up at data.regenerate.server.url?")
 

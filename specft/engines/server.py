@@ -5,8 +5,8 @@ stage 1 still runs the target in specft (or llama.cpp) over the answered convers
 from __future__ import annotations
 
 from specft.config import RegenerateConfig, RootConfig
+from specft.engines.base import ENGINES, AnswerRole, Engine
 from specft.errors import ConfigError
-from specft.runners import TARGET_RUNNERS, AnswerRole, TargetRunner
 
 
 def _validate_server(cfg: RootConfig) -> None:
@@ -25,7 +25,7 @@ def _validate_server(cfg: RootConfig) -> None:
 
 
 def _server_provenance(cfg: RootConfig) -> dict:
-    from specft.runners.openai_server import AnswerServer
+    from specft.engines.openai_server import AnswerServer
 
     if not cfg.data.regenerate.enabled:
         return {}
@@ -33,7 +33,7 @@ def _server_provenance(cfg: RootConfig) -> dict:
 
 
 def _server_answerer(rc: RegenerateConfig):
-    from specft.runners.openai_server import AnswerServer, check_tokens
+    from specft.engines.openai_server import AnswerServer, check_tokens
     from specft.target_model.loader import stop_token_ids
 
     server = AnswerServer(rc.server)  # asks /v1/models once, at its first batch
@@ -55,6 +55,6 @@ def _server_answerer(rc: RegenerateConfig):
     return answer
 
 
-TARGET_RUNNERS.register("server")(TargetRunner(
+ENGINES.register("server")(Engine(
     "an OpenAI-compatible server at data.regenerate.server.url",
     answers=AnswerRole(validate=_validate_server, provenance=_server_provenance, answerer=_server_answerer)))

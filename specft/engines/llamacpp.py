@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from specft.config import RootConfig, aux_layer_ids
+from specft.engines.base import ENGINES, Engine, FeatureRole
 from specft.errors import ConfigError
-from specft.runners import TARGET_RUNNERS, FeatureRole, TargetRunner
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _capture(cfg: RootConfig, model):
     return LlamaCppCapture(_gguf_target(cfg), aux_layer_ids(cfg.model), threads=torch.get_num_threads())
 
 
-TARGET_RUNNERS.register("llamacpp")(TargetRunner(
+ENGINES.register("llamacpp")(Engine(
     "llama.cpp's library (specft-llama-probe) on the GGUF in model.path",
     features=FeatureRole(validate=_validate, check_ready=_check_ready, capture=_capture,
                          provenance=lambda cfg: {"engine": "llamacpp"})))
