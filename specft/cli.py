@@ -16,11 +16,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from specft.disk import is_disk_full, job_disk_full_line
-from specft.errors import ConfigError, ReportedError, SpecftError
-from specft.interrupts import watching_sigint
-from specft.logs import setup_logging
-from specft.paths import conf_dir
+from specft.common.disk import is_disk_full, job_disk_full_line
+from specft.common.errors import ConfigError, ReportedError, SpecftError
+from specft.common.interrupts import watching_sigint
+from specft.common.logs import setup_logging
+from specft.common.paths import conf_dir
 
 COMMANDS = ("cache", "train", "eval", "export", "fold-rotation", "plan", "distance", "info")
 JOB_COMMANDS = ("cache", "train", "eval")  # Hydra jobs: checked whole before Hydra runs
@@ -115,8 +115,8 @@ def validate_overrides(overrides: list[str], command: str | None = None, multiru
     """Check every job a command line would run; returns their number. For cache, train
     and eval this includes every input the job reads (preflight.py), so a refused
     command leaves no run directory behind."""
-    from specft.preflight import check_before_writing
-    from specft.validate import to_schema
+    from specft.commands.preflight import check_before_writing
+    from specft.commands.validate import to_schema
 
     groups = _groups()
     combos = _expand_overrides(overrides)
@@ -230,8 +230,8 @@ def _cache_locks(root, command: str, stack) -> None:
     for another builder instead of refusing; if that one finished the cache, it is read."""
     from specft.cache import locate_cache
     from specft.cache.writer import cache_is_complete
-    from specft.lock import dir_lock
-    from specft.pipeline import caches_needed
+    from specft.commands.pipeline import caches_needed
+    from specft.common.lock import dir_lock
 
     for cfg in caches_needed(root, command):
         cache_dir, provenance, _ = locate_cache(cfg)
@@ -248,7 +248,7 @@ def _write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
     """config.yaml, unless it already says the same (a rerun that resumes leaves it as
     it was; only resume-safe fields such as trainer.max_steps may differ, and then the
     file records the settings the run now goes on with)."""
-    from specft.rundir import same_run_config, write_atomic
+    from specft.common.rundir import same_run_config, write_atomic
 
     config_path = run_dir / "config.yaml"
     if same_run_config(config_path, OmegaConf.to_container(cfg)):
@@ -262,9 +262,9 @@ def _write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
 
 def _run_job(command: str, hydra_cfg: DictConfig) -> None:
     """Resolve, check and save the config, then run one job's ranks."""
-    from specft.preflight import check_before_writing
-    from specft.rundir import RefusalUndo
-    from specft.validate import to_schema
+    from specft.commands.preflight import check_before_writing
+    from specft.commands.validate import to_schema
+    from specft.common.rundir import RefusalUndo
 
     setup_logging()  # Hydra reconfigures logging per job
     cfg = OmegaConf.create(OmegaConf.to_container(hydra_cfg, resolve=True))
@@ -289,9 +289,9 @@ def _write_and_run(command: str, root, cfg: DictConfig, run_dir: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from specft.launch import NodeLaunch, launch_ranks, run_subprocess_rank
-    from specft.rundir import write_atomic
-    from specft.worker import run
+    from specft.commands.worker import run
+    from specft.common.launch import NodeLaunch, launch_ranks, run_subprocess_rank
+    from specft.common.rundir import write_atomic
 
     if command == "eval":  # reads a run; writes only under its eval dir, once it has results
         from specft.eval import run_eval
@@ -312,7 +312,7 @@ def _write_and_run(command: str, root, cfg: DictConfig, run_dir: Path) -> None:
         return
     from contextlib import ExitStack
 
-    from specft.lock import dir_lock
+    from specft.common.lock import dir_lock
 
     with ExitStack() as locks:
         locks.enter_context(dir_lock(run_dir, "run_dir", f"specft {command}"))
@@ -409,7 +409,7 @@ def _fold_rotation(args: list[str]) -> int:
 def _without_job(run, overrides: list[str]) -> int:
     """A command composed without a Hydra job (no run dir): `plan` (arithmetic only) and
     `distance` (reads two models; writes only distance.out when given)."""
-    from specft.validate import to_schema
+    from specft.commands.validate import to_schema
 
     cfg = compose(overrides)
     OmegaConf.update(cfg, "run_dir", "unset", force_add=True)
@@ -422,13 +422,13 @@ def _without_job(run, overrides: list[str]) -> int:
 
 
 def _plan(overrides: list[str]) -> int:
-    from specft.plan import run_plan
+    from specft.commands.plan import run_plan
 
     return _without_job(run_plan, overrides)
 
 
 def _distance(overrides: list[str]) -> int:
-    from specft.distance import run_distance
+    from specft.commands.distance import run_distance
 
     return _without_job(run_distance, overrides)
 

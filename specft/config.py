@@ -1,4 +1,4 @@
-"""Dataclass schemas for every config group (validation: specft/validate.py).
+"""Dataclass schemas for every config group (validation: specft/commands/validate.py).
 
 This module imports no stage of specft, so every stage can import it."""
 

@@ -23,7 +23,7 @@ def quant_cfg(name: str) -> QuantConfig:
 def root_cfg(*overrides: str, run_dir="unset"):
     """A validated RootConfig composed from conf/ exactly as the CLI does."""
     from specft.cli import compose
-    from specft.validate import to_schema
+    from specft.commands.validate import to_schema
 
     cfg = compose(list(overrides))
     OmegaConf.update(cfg, "run_dir", str(run_dir), force_add=True)
@@ -35,7 +35,7 @@ def run_ranks(worker: str, nproc: int, *args: str) -> None:
     import subprocess
     import sys
 
-    from specft.launch import free_port
+    from specft.common.launch import free_port
 
     script = Path(__file__).with_name(worker)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),

@@ -12,8 +12,8 @@ from test_bad_inputs import _refused
 from test_mistakes import _everything
 from test_vllm_slow import VLLM_PYTHON
 
-from specft.errors import ConfigError
-from specft.launch import free_port
+from specft.common.errors import ConfigError
+from specft.common.launch import free_port
 
 from conftest import run_cli
 from helpers import root_cfg
@@ -235,8 +235,8 @@ def test_a_finished_cache_is_found_by_its_manifest_when_its_server_is_down(tmp_p
     """The lookup alone (the real server's case is the llamacpp test above): among the
     finished caches of this config, the one a server answered is read; two are one line."""
     from specft.cache.writer import answered_cache_provenance
+    from specft.common.errors import SpecftError
     from specft.engines import EngineUnreachable
-    from specft.errors import SpecftError
 
     cfg = root_cfg("model=tiny_qwen3", f"cache.root={tmp_path}")
     ours = {"version": 1, "data": {"x": 1}}

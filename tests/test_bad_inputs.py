@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from test_export import _checkpoint
 
 from specft.cache.integrity import file_record
+from specft.common.rundir import resume_conflicts
 from specft.data import DataSummary, load_conversations
-from specft.rundir import resume_conflicts
 
 from conftest import run_cli
 from helpers import root_cfg

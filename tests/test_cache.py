@@ -7,9 +7,9 @@ import torch
 
 from specft.cache import CacheReader, ensure_cache, locate_cache
 from specft.cache.writer import CacheWriter
+from specft.common.errors import SpecftError
 from specft.config import aux_layer_ids
 from specft.data import load_samples
-from specft.errors import SpecftError
 from specft.quant import apply_quant
 from specft.target_model import FeatureCapture, load_target
 

@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 
+from specft.common.errors import ConfigError, SpecftError
 from specft.config import DataConfig, RegenerateConfig
 from specft.data import (
     DataSummary,
@@ -18,7 +19,6 @@ from specft.data import (
     tokenize_conversation,
 )
 from specft.data.template import render
-from specft.errors import ConfigError, SpecftError
 from specft.target_model.tiny import build_tokenizer
 
 
@@ -211,7 +211,7 @@ def test_tokenize_all_keeps_positions(tok):
 
 
 def test_mix_selects_each_source_on_its_own(tok, tmp_path):
-    from specft.errors import ConfigError
+    from specft.common.errors import ConfigError
 
     from helpers import root_cfg
 

@@ -96,10 +96,10 @@ def test_config_resolves_auto_before_anything_is_keyed(monkeypatch):
 def test_bf16_training_without_native_bf16_is_warned(monkeypatch, caplog, native, precision, warns):
     import torch
 
-    from specft.preflight import warn_emulated_bf16
+    from specft.commands.preflight import warn_emulated_bf16
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    with caplog.at_level("WARNING", logger="specft.preflight"):
+    with caplog.at_level("WARNING", logger="specft.commands.preflight"):
         assert warn_emulated_bf16(precision) == warns
     assert ("no native bfloat16" in caplog.text) == warns

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specft.distance import verdict
+from specft.commands.distance import verdict
 from specft.target_model import load_target
 from specft.target_model.loader import _tiny_source
 

@@ -6,8 +6,8 @@ tests/test_llamacpp.py, a real llama-server answering in tests/test_answer_serve
 import pytest
 from test_gguf_checkpoints import gguf_file
 
+from specft.common.errors import ConfigError
 from specft.engines import ENGINES, engine_for
-from specft.errors import ConfigError
 
 from helpers import root_cfg
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 
 from helpers import checkpoint_model, root_cfg
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quantized_checkpoints import open_checkpoint
 from specft.quantized_checkpoints.ggml_activations import bf16, f16, q8_0
 

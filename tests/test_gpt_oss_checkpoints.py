@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 
 from helpers import checkpoint_model
 

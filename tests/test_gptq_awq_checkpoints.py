@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quantized_checkpoints import open_checkpoint
 
 from helpers import checkpoint_model, max_rel

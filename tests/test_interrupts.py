@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from specft.interrupts import watching_sigint
+from specft.common.interrupts import watching_sigint
 
 
 def _library_call_interrupted():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_gguf_checkpoints import AUX, FIXTURES, gguf_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.llamacpp import install
 
 

@@ -21,8 +21,8 @@ from test_bad_inputs import RUN, _fake_trained_run, _refused, _run_unchanged, _t
 
 from specft.cache import CacheReader, ensure_cache
 from specft.cache.info import describe
-from specft.errors import SpecftError
-from specft.lock import dir_lock, sibling_lock
+from specft.common.errors import SpecftError
+from specft.common.lock import dir_lock, sibling_lock
 
 from conftest import run_cli
 from helpers import root_cfg

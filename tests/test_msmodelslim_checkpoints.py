@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quantized_checkpoints import open_checkpoint
 from specft.quantized_checkpoints.msmodelslim import SCHEMES, PerTokenInt8, StaticInt8Codes
 

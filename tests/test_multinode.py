@@ -11,7 +11,7 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from specft.launch import free_port
+from specft.common.launch import free_port
 
 from conftest import run_cli
 
@@ -159,7 +159,7 @@ def _ranks_started(proc: subprocess.Popen) -> list[psutil.Process]:
     deadline = time.monotonic() + 1800  # a hang bound: the event is a rank appearing, or the launch dying
     while time.monotonic() < deadline:
         tree = psutil.Process(proc.pid).children(recursive=True)
-        if any("specft.worker" in " ".join(_cmdline(p)) for p in tree):
+        if any("specft.commands.worker" in " ".join(_cmdline(p)) for p in tree):
             return tree
         assert proc.poll() is None, proc.communicate()[1]
         time.sleep(0.1)

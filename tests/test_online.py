@@ -123,7 +123,7 @@ def test_new_answers_every_epoch_need_online_and_sampling(tmp_path):
 
 
 def test_the_config_lists_every_feature_source():
+    from specft.commands.pipeline import FEATURES
     from specft.config import FEATURE_SOURCES
-    from specft.pipeline import FEATURES
 
     assert sorted(FEATURE_SOURCES) == FEATURES.names  # validate.py checks the names without the stages

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from specft.plan import plan_rows
+from specft.commands.plan import plan_rows
 
 from conftest import run_cli
 from helpers import root_cfg
@@ -62,7 +62,7 @@ def test_plan_refuses_what_does_not_fit(tmp_path):
 
 
 def test_cache_or_online_by_hand(tmp_path):
-    from specft.plan import cache_or_online_rows
+    from specft.commands.plan import cache_or_online_rows
 
     cfg = root_cfg("model=qwen3_32b", "quant=mxfp4", "plan.samples=[30000]", "plan.tokens_per_sample=2048",
                    "trainer.micro_batch_size=2", "trainer.grad_accum=4")

@@ -2,7 +2,7 @@
 
 import logging
 
-from specft.progress import progress_bar
+from specft.common.progress import progress_bar
 
 
 def test_progress_off_a_terminal_is_logged_with_counts_and_rate(caplog):

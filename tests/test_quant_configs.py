@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 from specft.quant import TensorQuantSpec, apply_quant, calibrate, fake_quant, fake_quant_ste
 from specft.target_model import load_target
 

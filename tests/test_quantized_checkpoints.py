@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from test_bad_inputs import _run_unchanged
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quantized_checkpoints import open_checkpoint
 from specft.quantized_checkpoints.compressed_tensors import (
     WEIGHT_FORMATS,

@@ -186,7 +186,7 @@ def test_a_keep_text_member_keeps_its_text_while_the_target_answers_the_others(t
 
 
 def test_keep_text_is_a_mix_members_field_only(tmp_path):
-    from specft.errors import ConfigError
+    from specft.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="data.keep_text: a data.mix member's field.*regenerate.enabled=false"):
         _cfg(tmp_path, "data.keep_text=true")

@@ -10,7 +10,7 @@ import scipy.linalg
 import torch
 
 from specft.cache import ensure_cache
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 from specft.provenance.keys import cache_key
 from specft.quant import apply_quant, fake_quant
 from specft.quant.model_hooks import install_attention_transform

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from test_bad_inputs import _run_unchanged
 
 from specft.cache import CacheReader
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 from specft.target_model.sharding import Lockstep, place_target
 
 from conftest import run_cli
@@ -159,7 +159,7 @@ def test_lockstep_without_ranks_passes_through():
 
 
 def test_hostfile_reaches_the_deepspeed_launcher(tmp_path):
-    from specft.launch import launcher_command
+    from specft.common.launch import launcher_command
 
     cmd = launcher_command(tmp_path / "config.yaml", "cache", 8, "/shared/hostfile", 2)
     assert cmd[cmd.index("--num_gpus") + 1] == "8" and cmd[cmd.index("--hostfile") + 1] == "/shared/hostfile"

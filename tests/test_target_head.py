@@ -42,7 +42,7 @@ def test_three_ranks_with_a_sharded_head_match_the_whole_head(tmp_path):
 
 
 def test_unknown_head_placement_is_one_config_error():
-    from specft.errors import ConfigError
+    from specft.common.errors import ConfigError
 
     from helpers import root_cfg
 

@@ -27,7 +27,7 @@ def _fixed_part(message: str) -> str:
 def test_the_extraction_finds_the_refusals():
     messages = refusal_messages()
     assert len(messages) > 90
-    assert ("specft/paths.py", "SPECFT_HOME: set but empty; unset it (default ~/.cache/specft) or give a directory") \
+    assert ("specft/common/paths.py", "SPECFT_HOME: set but empty; unset it (default ~/.cache/specft) or give a directory") \
         in messages
 
 

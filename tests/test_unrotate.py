@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specft.common.errors import ConfigError
 from specft.config import aux_layer_ids
-from specft.errors import ConfigError
 from specft.export.rotation_fold import fold_into_eagle3
 from specft.quant.rotation import rotate_model
 from specft.target_model import FeatureCapture

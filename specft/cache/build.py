@@ -17,10 +17,10 @@ from specft.cache.writer import (
     save_side_files,
     target_head_tensors,
 )
+from specft.common.errors import SpecftError
+from specft.common.launch import barrier
 from specft.config import RootConfig
 from specft.engines import EngineUnreachable, engine_for
-from specft.errors import SpecftError
-from specft.launch import barrier
 from specft.provenance.build import build_provenance, with_answers
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specft.cache.integrity import Damage, find_damage
 from specft.cache.manifest import MANIFEST, read_json
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quant.fake_quant import SCHEMES
 
 

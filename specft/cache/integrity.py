@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specft.cache.manifest import MANIFEST, atomic_write_json, read_json
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 
 log = logging.getLogger(__name__)
 

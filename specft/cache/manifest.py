@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from specft.errors import SpecftError
-from specft.nested import flatten
+from specft.common.errors import SpecftError
+from specft.common.nested import flatten
 
 MANIFEST = "manifest.json"
 

@@ -13,7 +13,7 @@ from specft.cache.integrity import require_intact
 from specft.cache.manifest import MANIFEST, read_json
 from specft.cache.storage import SCALE_SUFFIX, decode
 from specft.cache.writer import TARGET_HEAD, TOKEN_COUNTS, require_unique_samples
-from specft.errors import SpecftError, first_line
+from specft.common.errors import SpecftError, first_line
 
 
 class CacheReader:

@@ -24,11 +24,11 @@ from safetensors.torch import save_file
 from specft.cache.integrity import file_record
 from specft.cache.manifest import MANIFEST, atomic_write_json, check_provenance, read_json
 from specft.cache.storage import bytes_per_token, encode
+from specft.common.disk import disk_full_line, format_bytes, is_disk_full
+from specft.common.errors import SpecftError
+from specft.common.progress import progress_bar
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import Sample
-from specft.disk import disk_full_line, format_bytes, is_disk_full
-from specft.errors import SpecftError
-from specft.progress import progress_bar
 from specft.provenance import CACHE_VERSION, provenance_hash
 
 log = logging.getLogger(__name__)

@@ -7,13 +7,13 @@ import dataclasses
 import logging
 import random
 
+from specft.common.errors import ConfigError, NoConversations, SpecftError
 from specft.config import DataConfig
 from specft.data.answer_store import conversation_digest
 from specft.data.records import Conversation, DataSummary
 from specft.data.select import select_conversations, with_system_prompt
 from specft.data.sources import DATA_SOURCES, rewrite_answers
 from specft.data.template import Sample, tokenize_conversation
-from specft.errors import ConfigError, NoConversations, SpecftError
 
 log = logging.getLogger(__name__)
 

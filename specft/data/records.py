@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from specft.common.errors import SpecftError
 from specft.config import DataConfig
-from specft.errors import SpecftError
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from specft.common.errors import SpecftError
+from specft.common.progress import progress_bar
 from specft.config import DataConfig, RegenerateConfig
 from specft.data import kept_text_positions
 from specft.data.answer_store import (
@@ -35,8 +37,6 @@ from specft.data.records import Conversation, DataSummary
 from specft.data.template import prompt_ids
 from specft.engines import engine_for
 from specft.engines.generate import generate_batch
-from specft.errors import SpecftError
-from specft.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from specft.common.errors import ConfigError, SpecftError
+from specft.common.registry import Registry
 from specft.config import DataConfig
 from specft.data.records import (
     Conversation,
@@ -21,8 +23,6 @@ from specft.data.records import (
     record_to_conversation,
     require_file,
 )
-from specft.errors import ConfigError, SpecftError
-from specft.registry import Registry
 
 # A source yields a conversation, or a string naming why a record held none.
 DATA_SOURCES: Registry = Registry("data source")

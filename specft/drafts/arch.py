@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from specft.common.errors import ConfigError
+from specft.common.registry import Registry
 from specft.decoding.draft import ChainRunner
 from specft.drafts.layers import DraftHeadConfig
 from specft.drafts.vocab import DraftVocab
-from specft.errors import ConfigError
-from specft.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specft.registry import Registry
+from specft.common.registry import Registry
 
 LAYOUTS: Registry = Registry("export layout")
 

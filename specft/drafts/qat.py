@@ -11,7 +11,7 @@ import types
 import torch.nn.functional as F
 from torch import nn
 
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import fake_quant_ste
 

@@ -17,9 +17,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from specft.common.errors import ConfigError, SpecftError
+from specft.common.registry import Registry
 from specft.config import RegenerateConfig, RootConfig
-from specft.errors import ConfigError, SpecftError
-from specft.registry import Registry
 
 
 class Answerer(Protocol):

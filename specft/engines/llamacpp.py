@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from specft.common.errors import ConfigError
 from specft.config import RootConfig, aux_layer_ids
 from specft.engines.base import ENGINES, Engine, FeatureRole
-from specft.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

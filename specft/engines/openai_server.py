@@ -22,9 +22,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from specft.common.errors import SpecftError
 from specft.config import AnswerServerConfig, RegenerateConfig
 from specft.engines import EngineUnreachable
-from specft.errors import SpecftError
 
 RETRY_STATUS = (429, 500, 502, 503, 504)
 

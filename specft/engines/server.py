@@ -4,9 +4,9 @@ stage 1 still runs the target in specft (or llama.cpp) over the answered convers
 
 from __future__ import annotations
 
+from specft.common.errors import ConfigError
 from specft.config import RegenerateConfig, RootConfig
 from specft.engines.base import ENGINES, AnswerRole, Engine
-from specft.errors import ConfigError
 
 
 def _validate_server(cfg: RootConfig) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from specft.common.errors import SpecftError, first_line
 from specft.drafts import DRAFT_ARCHS, DraftHeadConfig
-from specft.errors import SpecftError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 
+from specft.common.errors import SpecftError
+from specft.common.progress import progress_bar
 from specft.config import RootConfig, aux_layer_ids
 from specft.decoding import DecodeStats, SamplingConfig, SpecDecoder
 from specft.device import resolve_dtype
 from specft.drafts import DRAFT_ARCHS
-from specft.errors import SpecftError
 from specft.eval.prompts import load_prompts
 from specft.eval.stats import confidence, paired_difference
-from specft.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

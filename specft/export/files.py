@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 from safetensors.torch import save_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
+from specft.common.paths import require_writable_dir
 from specft.export.verifier import verifier_facts
-from specft.paths import require_writable_dir
 
 
 def draft_meta(folder: Path, draft_config: dict) -> dict:

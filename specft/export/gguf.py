@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from specft.common.errors import SpecftError
+from specft.common.lock import sibling_lock
 from specft.drafts.layouts import LLAMACPP_DRAFTS
-from specft.errors import SpecftError
 from specft.export.files import check_out_dir, draft_meta
 from specft.export.safetensors import export_draft
-from specft.lock import sibling_lock
 
 log = logging.getLogger(__name__)
 

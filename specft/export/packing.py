@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quant.fake_quant import TensorQuantSpec, quantized_parts
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

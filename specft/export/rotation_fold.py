@@ -23,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.target_model.rotation_source import ROTATED, UNKNOWN, rotation_matrix, target_basis
 
 
@@ -66,9 +66,9 @@ def trained_basis(folder: Path, meta: dict) -> str:
 def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, overwrite: bool = False) -> Path:
     """Write OUT_DIR: the draft checkpoint at ``checkpoint`` folded for the rotation
     ``source``, a checkpoint folder that `specft eval` and `specft export` read."""
+    from specft.common.lock import sibling_lock
     from specft.eval.drafts import load_draft, resolve_checkpoint
     from specft.export.files import check_out_dir, write_files_atomically
-    from specft.lock import sibling_lock
 
     folder = resolve_checkpoint(checkpoint, "checkpoint")
     out = check_out_dir(Path(out_dir).expanduser(), overwrite)

@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from specft.common.errors import SpecftError
+from specft.common.lock import sibling_lock
 from specft.drafts import DRAFT_ARCHS
 from specft.drafts.layouts import LAYOUTS
-from specft.errors import SpecftError
 from specft.export.files import check_out_dir, draft_meta, write_files_atomically
 from specft.export.packing import PACKERS, compressed_tensors_config
-from specft.lock import sibling_lock
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specft.common.errors import SpecftError
 from specft.drafts.layouts import LAYOUTS
-from specft.errors import SpecftError
 from specft.export.gguf import export_gguf
 from specft.export.safetensors import export_draft
 

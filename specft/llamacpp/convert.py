@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.llamacpp.install import INSTALL_COMMAND, binary, converter, prefix
 
 GGUF_MAGIC = b"GGUF"

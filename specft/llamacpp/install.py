@@ -10,8 +10,8 @@ import platform
 import subprocess
 from pathlib import Path
 
-from specft.errors import SpecftError
-from specft.paths import specft_home
+from specft.common.errors import SpecftError
+from specft.common.paths import specft_home
 
 INSTALL_COMMAND = "bash scripts/install_llamacpp.sh"
 SPEC_TYPE = "draft-eagle3"  # the llama-server option a build must know to serve specft's drafts

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.llamacpp.install import INSTALL_COMMAND, binary, check_install, install_record
 
 PROBE_SOURCE = Path(__file__).with_name("probe.cpp")

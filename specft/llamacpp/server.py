@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.llamacpp.install import binary
 
 # A hang bound only: the wait ends the moment /health answers or the process exits, and a

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import TensorQuantSpec, fake_quant, static_scale
 from specft.quant.model_hooks import (

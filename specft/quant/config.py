@@ -35,8 +35,8 @@ def load_quant_config(name: str, field: str = "quant") -> QuantConfig:
     """A config from conf/quant/ by name (the draft's QAT spec names one)."""
     from omegaconf import OmegaConf
 
-    from specft.errors import ConfigError
-    from specft.paths import conf_dir
+    from specft.common.errors import ConfigError
+    from specft.common.paths import conf_dir
 
     path = conf_dir() / "quant" / f"{name}.yaml"
     if not path.exists():

@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import torch
 
-from specft.errors import ConfigError
-from specft.registry import Registry
+from specft.common.errors import ConfigError
+from specft.common.registry import Registry
 
 
 def _is_prime(q: int) -> bool:

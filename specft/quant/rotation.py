@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 from specft.quant.model_hooks import (
     experts_forward,
     input_shard_group,

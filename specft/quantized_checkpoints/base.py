@@ -13,8 +13,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from specft.errors import SpecftError, first_line
-from specft.registry import Registry
+from specft.common.errors import SpecftError, first_line
+from specft.common.registry import Registry
 
 CHECKPOINT_FORMATS: Registry = Registry("quantized checkpoint format")
 

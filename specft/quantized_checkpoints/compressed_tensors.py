@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quant.fake_quant import mx_shared_exponent
 from specft.quant.formats import get_format
 from specft.quantized_checkpoints.base import (

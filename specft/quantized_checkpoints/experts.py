@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quant.model_hooks import full_shape, fused_experts
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")

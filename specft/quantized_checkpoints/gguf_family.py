@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 
 # AWQ's GEMM kernel interleaves the 8 nibbles of a word: stored slot s holds column ORDER[s]
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)

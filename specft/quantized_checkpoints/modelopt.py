@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,

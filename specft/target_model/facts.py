@@ -9,8 +9,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from specft.common.errors import ConfigError
 from specft.config import MODEL_FAMILIES
-from specft.errors import ConfigError
 from specft.quantized_checkpoints.base import read_config
 from specft.quantized_checkpoints.gguf_family import hf_config, is_gguf_file
 

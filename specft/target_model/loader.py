@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from specft.common.errors import ConfigError
+from specft.common.paths import models_dir
+from specft.common.registry import Registry
 from specft.config import ModelConfig
 from specft.device import resolve_dtype
-from specft.errors import ConfigError
-from specft.paths import models_dir
 from specft.quantized_checkpoints import check_unquantized, description_patterns, open_checkpoint
 from specft.quantized_checkpoints.base import check_finite, format_boundary
-from specft.registry import Registry
 from specft.target_model.local_checkpoint import ensure_checkpoint_dir
 from specft.target_model.tiny import build_tiny, tiny_dir_name
 

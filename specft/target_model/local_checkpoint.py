@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 
 log = logging.getLogger(__name__)
 WAIT_S = 1800

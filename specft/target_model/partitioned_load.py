@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 from specft.quantized_checkpoints.base import release_freed_memory
 from specft.quantized_checkpoints.experts import ExpertPieces
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specft.errors import ConfigError, SpecftError
+from specft.common.errors import ConfigError, SpecftError
 
 ORTHOGONALITY_TOLERANCE = 1e-4  # a saved or recovered matrix in float32 is orthogonal to ~1e-6
 

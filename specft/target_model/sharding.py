@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from specft.common.errors import ConfigError
+from specft.common.registry import Registry
 from specft.config import RootConfig
-from specft.errors import ConfigError
-from specft.registry import Registry
 from specft.target_model.partitioned_load import zero3_edit
 
 log = logging.getLogger(__name__)

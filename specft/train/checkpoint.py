@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import save_file
 
 from specft.cache.manifest import atomic_write_json
-from specft.disk import disk_full_line, is_disk_full
-from specft.errors import SpecftError
-from specft.launch import barrier
+from specft.common.disk import disk_full_line, is_disk_full
+from specft.common.errors import SpecftError
+from specft.common.launch import barrier
 
 log = logging.getLogger(__name__)
 LATEST = "latest"

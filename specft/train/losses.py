@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specft.registry import Registry
+from specft.common.registry import Registry
 
 LOSSES: Registry = Registry("loss")
 

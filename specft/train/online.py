@@ -25,14 +25,14 @@ import torch
 from specft.cache import ServedTarget, serve_target, served_samples
 from specft.cache.reader import SourcesReader
 from specft.cache.writer import answer_token_counts, capture_samples, target_head_tensors
+from specft.common.errors import SpecftError
+from specft.common.launch import barrier
 from specft.config import RootConfig, aux_layer_ids
 from specft.data import DataSummary, load_conversations
 from specft.data import report as data_report
 from specft.data.records import Conversation
 from specft.data.regenerate import read_all_answers
 from specft.engines import engine_for
-from specft.errors import SpecftError
-from specft.launch import barrier
 from specft.target_model.loader import target_facts
 from specft.target_model.sharding import editing
 

@@ -12,13 +12,13 @@ import torch
 from omegaconf import OmegaConf
 
 from specft.cache import CacheReader, SourcesReader
+from specft.common.errors import SpecftError
 from specft.config import RootConfig
 from specft.decoding.engine import RoundCounts
 from specft.device import select_device
 from specft.drafts import DRAFT_ARCHS, DraftHeadConfig, build_draft_vocab
 from specft.drafts.qat import apply_draft_qat
 from specft.drafts.vocab import coverage
-from specft.errors import SpecftError
 from specft.eval.stats import confidence
 from specft.export.rotation_fold import fold_into_eagle3
 from specft.export.verifier import VERIFIER_KEYS

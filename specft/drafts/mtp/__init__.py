@@ -3,12 +3,12 @@
 
 import torch
 
+from specft.common.errors import ConfigError
 from specft.drafts.arch import DraftArch, register_draft
 from specft.drafts.init import copy_layer_
 from specft.drafts.layers import DraftHeadConfig
 from specft.drafts.mtp import export  # noqa: F401  (registers the mtp layout)
 from specft.drafts.mtp.model import MtpDraft
-from specft.errors import ConfigError
 
 
 def _empty(c: DraftHeadConfig) -> MtpDraft:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specft.common.errors import SpecftError
 from specft.drafts.layouts import LAYOUTS, SafetensorsLayout, decoder_block
-from specft.errors import SpecftError
 
 
 @LAYOUTS.register("mtp")

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from specft.errors import SpecftError
+from specft.common.errors import SpecftError
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
+from specft.common.errors import NoConversations, SpecftError
 from specft.config import aux_layer_ids
-from specft.errors import NoConversations, SpecftError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def _sequences(cfg, tokenizer) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def _features(model, aux_ids: list[int], seqs: list[torch.Tensor], desc: str):
-    from specft.progress import progress_bar
+    from specft.common.progress import progress_bar
     from specft.target_model import FeatureCapture
 
     capture, rows = FeatureCapture(model, aux_ids), []

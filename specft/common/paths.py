@@ -10,7 +10,7 @@ def specft_home() -> Path:
     value = os.environ.get("SPECFT_HOME")
     if value is not None and not value.strip():
         # Path('') is the working directory: models would be built wherever a command runs.
-        from specft.errors import SpecftError
+        from specft.common.errors import SpecftError
 
         raise SpecftError("SPECFT_HOME: set but empty; unset it (default ~/.cache/specft) or give a directory")
     return Path(value or Path.home() / ".cache" / "specft").expanduser()
@@ -22,7 +22,7 @@ def models_dir() -> Path:
 
 def conf_dir() -> Path:
     """The Hydra config tree, shipped inside the package (conf/ at the repo root links here)."""
-    return Path(__file__).resolve().parent / "conf"
+    return Path(__file__).resolve().parent.parent / "conf"
 
 
 def require_writable_dir(path: str | Path, field: str) -> Path:
@@ -30,7 +30,7 @@ def require_writable_dir(path: str | Path, field: str) -> Path:
     ``field`` otherwise. Checked before a command writes anything; nothing is created."""
     import os
 
-    from specft.errors import SpecftError
+    from specft.common.errors import SpecftError
 
     p = Path(path).expanduser()
     existing = next((q for q in (p, *p.parents) if q.exists()), None)

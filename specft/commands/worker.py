@@ -1,6 +1,6 @@
 """One rank: its environment, threads and process group, then the job (pipeline.py).
 
-Run in-process for one rank, or by `deepspeed --no_local_rank --module specft.worker
+Run in-process for one rank, or by `deepspeed --no_local_rank --module specft.commands.worker
 --config RUN/config.yaml --command train` for several; the rank comes from the env."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from specft.commands.validate import to_schema
+from specft.common.disk import is_disk_full, job_disk_full_line
+from specft.common.errors import SpecftError
 from specft.config import RootConfig
-from specft.disk import is_disk_full, job_disk_full_line
-from specft.errors import SpecftError
-from specft.validate import to_schema
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 def _init_distributed(rendezvous_timeout_s: float) -> tuple[int, int]:
     import torch.distributed as dist
 
+    from specft.common.rendezvous import meet
     from specft.device import init_distributed
-    from specft.rendezvous import meet
 
     # several ranks meet at node 0 within the bounded timeout; one rank serves itself
     init_distributed(meet(rendezvous_timeout_s) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
@@ -33,8 +33,8 @@ def _init_distributed(rendezvous_timeout_s: float) -> tuple[int, int]:
 
 
 def run(cfg: RootConfig, command: str) -> Path | None:
-    from specft.launch import set_single_rank_env
-    from specft.pipeline import run_job
+    from specft.commands.pipeline import run_job
+    from specft.common.launch import set_single_rank_env
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
@@ -58,9 +58,9 @@ def run(cfg: RootConfig, command: str) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specft.logs import setup_logging
+    from specft.common.logs import setup_logging
 
-    parser = argparse.ArgumentParser(prog="specft.worker")
+    parser = argparse.ArgumentParser(prog="specft.commands.worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--command", default="train", choices=["cache", "train"])
     args = parser.parse_args(argv)

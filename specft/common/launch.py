@@ -1,5 +1,5 @@
 """Launching: one rank in-process; more through `deepspeed --no_local_rank`, each rank
-running `python -m specft.worker --config RUN/config.yaml --command CMD`."""
+running `python -m specft.commands.worker --config RUN/config.yaml --command CMD`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specft.errors import ReportedError, SpecftError
+from specft.common.errors import ReportedError, SpecftError
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -51,7 +51,7 @@ def run_subprocess_rank(config_path: Path, command: str) -> None:
     process-global state that a second in-process job would trip over."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    cmd = [sys.executable, "-m", "specft.worker", "--config", str(config_path), "--command", command]
+    cmd = [sys.executable, "-m", "specft.commands.worker", "--config", str(config_path), "--command", command]
     error_line = None
     with owned_process_group(cmd, env, stderr=subprocess.PIPE, text=True, bufsize=1) as proc:
         for line in proc.stderr:  # passed through as it comes; the rank's own error line kept
@@ -87,7 +87,7 @@ def launcher_command(config_path: Path, command: str, nproc: int, hostfile: str 
         cmd += ["--hostfile", hostfile]
     if num_nodes:
         cmd += ["--num_nodes", str(num_nodes)]
-    return cmd + ["--module", "specft.worker", "--config", str(config_path), "--command", command]
+    return cmd + ["--module", "specft.commands.worker", "--config", str(config_path), "--command", command]
 
 
 def node_hostfile(nproc: int, num_nodes: int) -> str:

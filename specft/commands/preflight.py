@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from specft.common.errors import SpecftError
+from specft.common.paths import models_dir, require_writable_dir, specft_home
 from specft.config import ModelConfig, RootConfig
-from specft.errors import SpecftError
-from specft.paths import models_dir, require_writable_dir, specft_home
 from specft.quantized_checkpoints.gguf_family import is_gguf_file
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def warn_emulated_bf16(precision: str) -> bool:
 
 def check_before_writing(root: RootConfig, cfg_dict: dict, command: str) -> None:
     """Every check a job's inputs must pass, cheapest first; raises SpecftError."""
-    from specft.rundir import check_resume
+    from specft.common.rundir import check_resume
 
     specft_home()
     check_model_path(root.model)

@@ -17,7 +17,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
-from specft.errors import SpecftError, first_line
+from specft.common.errors import SpecftError, first_line
 
 
 def rendezvous_line(addr: str, port: int, timeout_s: float, rank: int, world: int, why: str) -> str:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specft.common.errors import SpecftError
 from specft.config import ModelConfig, PlanConfig
-from specft.errors import SpecftError
 from specft.quant.config import QuantConfig
 from specft.quant.fake_quant import SCHEMES
 from specft.quant.formats import ELEMENT_FORMATS

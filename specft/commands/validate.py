@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from specft.common.errors import ConfigError
 from specft.config import (
     CACHE_DTYPES,
     DRAFT_INITS,
@@ -36,7 +37,6 @@ from specft.data import mix_members
 from specft.data.sources import DATA_SOURCES
 from specft.drafts import DRAFT_ARCHS
 from specft.engines import engine_for
-from specft.errors import ConfigError
 from specft.quant.config import load_quant_config
 from specft.quant.fake_quant import MX_SCALE_RULES, SCHEMES, TensorQuantSpec
 from specft.quant.formats import ELEMENT_FORMATS, IntFormat

@@ -17,10 +17,10 @@ import logging
 from pathlib import Path
 
 from specft.cache import ensure_cache
+from specft.common.registry import Registry
 from specft.config import RootConfig
 from specft.data.select import heldout_sides
 from specft.quant.config import load_quant_config
-from specft.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from specft.errors import ConfigError
+from specft.common.errors import ConfigError
 
 T = TypeVar("T")
 

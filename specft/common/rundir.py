@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from specft.errors import SpecftError
-from specft.nested import flatten
+from specft.common.errors import SpecftError
+from specft.common.nested import flatten
 
 # Prefixes (whole groups) and fields that may change between a run and its resumption:
 # where and how long it runs, how it logs and evaluates; nothing that changes the draft.
