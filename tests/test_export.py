@@ -176,7 +176,7 @@ def test_eagle3_layout_names_shapes_and_dtypes(tmp_path):
 @pytest.mark.parametrize("layout", ["eagle3", "speculators"])
 def test_a_draft_over_the_whole_vocabulary_writes_no_id_map(tmp_path, layout):
     """vLLM builds no d2t parameter when the draft's vocabulary is the target's and
-    refuses a checkpoint that has one (found by scripts/check_vllm.py)."""
+    refuses a checkpoint that has one (found by scripts/checks/check_vllm.py)."""
     folder, _ = _checkpoint(tmp_path, full_vocab=True)
     out = tmp_path / "export"
     run_cli(["export", str(folder), str(out), "--layout", layout], cwd=tmp_path)

@@ -1,6 +1,6 @@
 """GGUF targets (`model.path=FILE.gguf quant=checkpoint`) against llama.cpp's own numbers.
 
-The fixtures (scripts/make_gguf_fixtures.py) are a tiny random Qwen3 quantized by
+The fixtures (scripts/fixtures/make_gguf_fixtures.py) are a tiny random Qwen3 quantized by
 llama-quantize into Q8_0, Q4_1 and Q4_K_M, with llama.cpp's logits and layer inputs as the
 oracle. None of this needs llama.cpp installed; tests/test_llamacpp.py does.
 """

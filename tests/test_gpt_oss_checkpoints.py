@@ -1,7 +1,7 @@
 """quant=checkpoint on gpt-oss's own MXFP4 layout (``quant_method: mxfp4``), against
 transformers' own reader of it.
 
-tests/fixtures/checkpoints/tiny_gpt_oss_mxfp4 was written by scripts/make_gpt_oss_fixture.py:
+tests/fixtures/checkpoints/tiny_gpt_oss_mxfp4 was written by scripts/fixtures/make_gpt_oss_fixture.py:
 a gpt-oss model with random weights (transformers' GptOssConfig), its experts packed into
 ``*_blocks`` / ``*_scales`` as the released checkpoints are (no tool writes the layout on a
 CPU). The oracle is transformers' ``Mxfp4Config(dequantize=True)``: its own unpacking and

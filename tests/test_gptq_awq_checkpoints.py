@@ -2,7 +2,7 @@
 formats), against GPTQModel's own CPU kernels.
 
 tests/fixtures/checkpoints/tiny_qwen3_gptq_awq/ was written on this CPU by the real tools
-from specft's tiny Qwen3 (scripts/make_gptq_awq_checkpoints.py, each in its own venv):
+from specft's tiny Qwen3 (scripts/fixtures/make_gptq_awq_checkpoints.py, each in its own venv):
 AutoRound 0.16's ``auto_gptq`` (GPTQ v1, symmetric) and ``auto_awq`` (AWQ GEMM, zero
 points) exports, GPTQModel 7.7's GPTQ with act-order (``desc_act``, a shuffled ``g_idx``)
 and of a tiny Qwen3-MoE, and AutoAWQ 0.2.9's AWQ GEMM. Each ``oracle.safetensors`` is
@@ -27,7 +27,7 @@ from specft.quantized_checkpoints import open_checkpoint
 
 from helpers import checkpoint_model, max_rel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "fixtures"))
 from check_oracle_outputs import dense_weight  # noqa: E402 (per-expert weights out of the fused experts)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3_gptq_awq"

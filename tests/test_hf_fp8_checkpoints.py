@@ -2,7 +2,7 @@
 own Qwen3-*-FP8 releases).
 
 No tool writes it on a CPU, so tests/fixtures/checkpoints/tiny_qwen3_hf_fp8 is llm-compressor's
-FP8_BLOCK fixture with its tensors renamed (scripts/make_hf_fp8_fixture.py): the same codes
+FP8_BLOCK fixture with its tensors renamed (scripts/fixtures/make_hf_fp8_fixture.py): the same codes
 and block scales, HF's config. Two oracles, neither specft's: transformers' own
 dequantization of the HF checkpoint (``FineGrainedFP8Config(dequantize=True)``, which runs
 on CPU) for the weights, and compressed-tensors' forward of the source checkpoint for the
@@ -30,7 +30,7 @@ FIXTURE = CHECKPOINTS / "tiny_qwen3_hf_fp8"
 SOURCE = CHECKPOINTS / "tiny_qwen3" / "fp8_block"
 # tiny Qwen3-MoE through llm-compressor's FP8_BLOCK (its experts linearized), renamed alike
 MOE, MOE_SOURCE = CHECKPOINTS / "tiny_qwen3_moe_hf_fp8", CHECKPOINTS / "tiny_qwen3_moe" / "fp8_block"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "checks"))
 import check_checkpoints  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""scripts/steps.py's lanes: one command runs an experiment's parts in several processes
+"""scripts/studies/steps.py's lanes: one command runs an experiment's parts in several processes
 side by side (quant_alignment.py --lanes), each with its share of the cores, and a failed
 lane stops the others rather than leaving an eval waiting for a draft forever."""
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "studies"))
 
 # Stands in for an experiment script: records the parts and threads it was given, fails on
 # the part `fail`, hangs on `slow` (only a stop ends it).
@@ -81,7 +81,7 @@ def test_quant_alignment_runs_its_lanes(tmp_path):
     only rewrites the summary) and summarizes once they are all done."""
     import subprocess
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "quant_alignment.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "studies" / "quant_alignment.py"
     out = tmp_path / "qa"
     proc = subprocess.run([sys.executable, str(script), "--out-dir", str(out), "--lanes", ";"],
                           capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""scripts/learning_curve.py's projection: the tokens a log-linear acceptance curve would
+"""scripts/studies/learning_curve.py's projection: the tokens a log-linear acceptance curve would
 need for a goal."""
 
 import math
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "studies"))
 
 
 def _row(tokens: int, rate: float) -> dict:

@@ -235,7 +235,7 @@ def test_activation_rounding_is_bit_identical_to_libggml():
 
 @llamacpp
 def test_the_probe_reproduces_the_fixture_oracle():
-    """The installed build computes the fixtures' oracle again (scripts/make_gguf_fixtures.py):
+    """The installed build computes the fixtures' oracle again (scripts/fixtures/make_gguf_fixtures.py):
     the tests above compare against the llama.cpp users run."""
     from safetensors.torch import load_file
 

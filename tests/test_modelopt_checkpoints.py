@@ -2,7 +2,7 @@
 quantized model.
 
 tests/fixtures/checkpoints/tiny_qwen3_modelopt/fp8 was written by ModelOpt 0.47 on this
-CPU from specft's tiny Qwen3 (scripts/make_modelopt_checkpoints.py, its own venv), with
+CPU from specft's tiny Qwen3 (scripts/fixtures/make_modelopt_checkpoints.py, its own venv), with
 ``oracle.safetensors``: what ModelOpt's fake-quantized model computed before export.
 ModelOpt fake-quantizes with ``448 / amax``; the export stores ``amax / 448``, which the
 serving engine inverts: the two differ in the last bit of some scales, so the forward

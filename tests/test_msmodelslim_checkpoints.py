@@ -2,9 +2,9 @@
 arithmetic.
 
 The fixtures under tests/fixtures/checkpoints/tiny_qwen3_msmodelslim/ were written by
-msModelSlim 26.1 on this CPU from specft's tiny Qwen3 (scripts/make_msmodelslim_checkpoints.py,
+msModelSlim 26.1 on this CPU from specft's tiny Qwen3 (scripts/fixtures/make_msmodelslim_checkpoints.py,
 its own venv). Beside each, ``oracle.safetensors`` holds what msModelSlim's QAL functions
-and vllm-ascend's kernel formula compute on the same prompts (scripts/msmodelslim_oracle.py,
+and vllm-ascend's kernel formula compute on the same prompts (scripts/fixtures/msmodelslim_oracle.py,
 run in that venv): specft needs no msModelSlim to run these tests.
 """
 

@@ -200,11 +200,11 @@ def test_bad_parallel_draft_configs_are_one_line(tmp_path, args, line):
 
 
 def test_gain_table_pairs_each_drafter_with_its_16bit_twin(monkeypatch):
-    """scripts/parallel_drafters.py's gain rows: a drafter trained on the quantized target
+    """scripts/studies/parallel_drafters.py's gain rows: a drafter trained on the quantized target
     that accepts more on every prompt is 'higher'; one equal to its twin is 'no difference'."""
     import sys
     from pathlib import Path
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts" / "studies"))
     sys.modules.pop("parallel_drafters", None)
     from parallel_drafters import gain_table
 

@@ -1,4 +1,4 @@
-"""scripts/steps.py's eval prompt sets: a held-out set holds exactly the conversations a
+"""scripts/studies/steps.py's eval prompt sets: a held-out set holds exactly the conversations a
 training run's member of the same source left out, so no eval prompt was trained on."""
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from helpers import root_cfg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "studies"))
 
 
 def _sharegpt_file(path: Path, n: int) -> Path:

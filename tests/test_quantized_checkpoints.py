@@ -1,7 +1,7 @@
 """quant=checkpoint against the library that wrote the checkpoints.
 
 The fixtures under tests/fixtures/checkpoints/tiny_qwen3/ were written by llm-compressor
-0.14 (scripts/make_checkpoints.py, its own venv) from specft's tiny Qwen3: FP8 per
+0.14 (scripts/fixtures/make_checkpoints.py, its own venv) from specft's tiny Qwen3: FP8 per
 channel / tensor / block, INT8 W8A8 after SmoothQuant + GPTQ with dynamic and static
 activations, GPTQ W4A16 in groups of 32 with zero points, W8A16 groups. The oracle is
 compressed-tensors (a test dependency; specft does not need it to run): its compressor's
@@ -33,7 +33,7 @@ from helpers import CONF, root_cfg
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints" / "tiny_qwen3"
 CHECKPOINTS = sorted(p.name for p in FIXTURES.iterdir() if (p / "config.json").is_file())
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "checks"))
 import check_checkpoints  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""scripts/text_agreement.py: how often the served target's greedy next token is the fixed
+"""scripts/checks/text_agreement.py: how often the served target's greedy next token is the fixed
 text's, per data source, checked against the target's own forward."""
 
 import json
@@ -14,7 +14,7 @@ from specft.target_model import load_target, load_tokenizer
 
 from helpers import root_cfg
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "text_agreement.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "checks" / "text_agreement.py"
 
 
 def _fixed_text_run(tmp_path):

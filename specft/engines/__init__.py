@@ -4,7 +4,7 @@ server serving the checkpoint (server.py, its client openai_server.py), llama.cp
 library (llamacpp.py). base.py holds the registry and the roles' Protocols. Every module
 here is imported below, so a new engine is one module with no list edited
 (docs/extending.md). `specft eval` counts a draft's acceptance in specft's decode loop over
-the loaded target; llama.cpp's own counters are scripts/bench_llamacpp.py's."""
+the loaded target; llama.cpp's own counters are scripts/benchmarks/bench_llamacpp.py's."""
 
 import importlib
 import pkgutil

@@ -7,7 +7,7 @@ the K-quants and the other i-quants (IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ
 Q8_K blocks of 256. The integer dot products are exact, so the product equals the
 dequantized weight times the dequantized activation up to float32 summation order, which
 is what specft computes. The rounding here is the x86 path's (ggml-cpu/arch/x86/quants.c, repack.cpp),
-checked against the engine itself (scripts/check_llamacpp.py, tests/test_llamacpp.py):
+checked against the engine itself (scripts/checks/check_llamacpp.py, tests/test_llamacpp.py):
 
 - Q8_0 / Q8_1: ``d = amax / 127`` stored as F16, codes ``round_half_even(x * (127 / amax))``
   (AVX ``_mm256_round_ps``; the scalar reference rounds ties away from zero instead).
