@@ -347,16 +347,23 @@ def _info(args: list[str]) -> int:
     return 0
 
 
-def _export(args: list[str]) -> int:
+def _draft_command_parser(prog: str, description: str):
+    """A command that reads a trained draft: its CHECKPOINT argument, as eval/drafts.py's
+    resolve_checkpoint takes it."""
     import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("checkpoint", help="a run dir (its final checkpoint, else its latest step while it "
+                        "trains), its checkpoints/ folder or latest file, or a checkpoint folder")
+    return parser
+
+
+def _export(args: list[str]) -> int:
 
     from specft.drafts.layouts import LAYOUTS
     from specft.export import QUANT_KINDS, ExportOptions, export
 
-    parser = argparse.ArgumentParser(prog="specft export", description="Write a trained draft in a "
-                                     "layout serving engines load.")
-    parser.add_argument("checkpoint", help="a run dir (its final checkpoint, else its latest step while it "
-                        "trains), its checkpoints/ folder or latest file, or a checkpoint folder")
+    parser = _draft_command_parser("specft export", "Write a trained draft in a layout serving engines load.")
     parser.add_argument("out_dir")
     parser.add_argument("--layout", default="eagle3", choices=LAYOUTS.names,
                         help="gguf: llama.cpp's draft file, through its own converter (docs/serving.md)")
@@ -382,14 +389,11 @@ def _export(args: list[str]) -> int:
 
 
 def _fold_rotation(args: list[str]) -> int:
-    import argparse
 
     from specft.export.rotation_fold import fold_rotation
 
-    parser = argparse.ArgumentParser(prog="specft fold-rotation", description="Fold a target's residual rotation "
-                                     "into a 16-bit EAGLE-3 draft, so it drafts for the rotated target untrained.")
-    parser.add_argument("checkpoint", help="a run dir (its final checkpoint, else its latest step while it "
-                        "trains), its checkpoints/ folder or latest file, or a checkpoint folder")
+    parser = _draft_command_parser("specft fold-rotation", "Fold a target's residual rotation into a 16-bit "
+                                   "EAGLE-3 draft, so it drafts for the rotated target untrained.")
     parser.add_argument("out_dir", help="the folded draft's checkpoint folder (eval and export read it)")
     parser.add_argument("--rotation", required=True,
                         help="a quant config with a rotation block (w8a8_int8_quarot), a .safetensors file "

@@ -1,15 +1,10 @@
-"""Quantized checkpoints as they are served: ``quant=checkpoint``.
-
-A quantizer (llm-compressor, ModelOpt, msModelSlim, llama.cpp's tools) writes a checkpoint
-whose files say how it is served: low-bit weights with their scales, and how activations
-(and the KV cache) are quantized at run time. specft runs that model, not its own
-emulation of the nominal format: each format family (one module here, registered in
-CHECKPOINT_FORMATS) detects its files, dequantizes the weights exactly as the format
-defines them, and installs the run-time activation quantization the checkpoint records.
-
-Families a user may meet but specft does not run yet are registered too, so that such a
-checkpoint is named in one line with the supported ones instead of loading wrong.
-"""
+"""Quantized checkpoints as they are served (``quant=checkpoint``): a quantizer's files say
+how its model is served (low-bit weights and scales, activations and KV cache quantized at
+run time), and specft runs that model, not its emulation of the nominal format. Each
+family is one module here, registered in CHECKPOINT_FORMATS: it detects its files,
+dequantizes the weights as the format defines them and installs the run-time quantization
+the checkpoint records. Families specft does not run yet are registered too (others.py),
+so such a checkpoint is named in one line instead of loading wrong."""
 
 # The families register themselves on import.
 from specft.quantized_checkpoints import (  # noqa: E402,F401,I001

@@ -302,3 +302,16 @@ class FormatFamily:
         their scales, zero points), from ``quantization_config`` alone, for ``specft plan``;
         None where the family does not say (plan then counts 16)."""
         return None
+
+
+class QuantMethodFamily(FormatFamily):
+    """A family config.json names by ``quantization_config.quant_method`` (``method``)."""
+
+    method: str = ""
+
+    def detect(self, model_dir: Path) -> bool:
+        return quant_method(model_dir) == self.method
+
+    @staticmethod
+    def quantization_config(model_dir: Path) -> dict:
+        return read_config(model_dir)["quantization_config"]

@@ -54,11 +54,9 @@ from specft.quant.formats import get_format
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,
-    FormatFamily,
     LayerQuant,
+    QuantMethodFamily,
     need,
-    quant_method,
-    read_config,
     read_tensors,
 )
 
@@ -444,15 +442,12 @@ def _groups(qcfg: dict) -> list[ConfigGroup]:
     return groups
 
 
-class CompressedTensors(FormatFamily):
-    name = "compressed-tensors"
+class CompressedTensors(QuantMethodFamily):
+    name, method = "compressed-tensors", QUANT_METHOD
     packs = True
 
-    def detect(self, model_dir: Path) -> bool:
-        return quant_method(model_dir) == QUANT_METHOD
-
     def open(self, model_dir: Path) -> CheckpointQuant:
-        qcfg = read_config(model_dir)["quantization_config"]
+        qcfg = self.quantization_config(model_dir)
         if qcfg.get("kv_cache_scheme"):
             raise SpecftError("quant=checkpoint: this compressed-tensors checkpoint quantizes the KV cache, which "
                               "specft cannot run from a checkpoint yet")

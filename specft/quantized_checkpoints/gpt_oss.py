@@ -23,11 +23,9 @@ from specft.quant.model_hooks import full_shape
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,
-    FormatFamily,
     LayerQuant,
+    QuantMethodFamily,
     need,
-    quant_method,
-    read_config,
     read_tensors,
 )
 from specft.quantized_checkpoints.compressed_tensors import unpack_fp4
@@ -51,14 +49,11 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str, shap
     return weight.flatten(-2).transpose(1, 2)
 
 
-class GptOssMxfp4(FormatFamily):
-    name = "gpt-oss-mxfp4"
-
-    def detect(self, model_dir: Path) -> bool:
-        return quant_method(model_dir) == "mxfp4"
+class GptOssMxfp4(QuantMethodFamily):
+    name, method = "gpt-oss-mxfp4", "mxfp4"
 
     def open(self, model_dir: Path) -> CheckpointQuant:
-        qcfg = read_config(model_dir)["quantization_config"]
+        qcfg = self.quantization_config(model_dir)
         ckpt = CheckpointQuant(self.name, model_dir, "mxfp4: e2m1 group 32 expert weights (e8m0 scales), 16-bit inputs",
                                list(qcfg.get("modules_to_not_convert") or []))
         ckpt.load_state = lambda model, dtype: self._load_state(ckpt, model, dtype)

@@ -30,11 +30,9 @@ from specft.common.errors import SpecftError
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,
-    FormatFamily,
     LayerQuant,
+    QuantMethodFamily,
     need,
-    quant_method,
-    read_config,
     read_tensors,
 )
 from specft.quantized_checkpoints.int_packing import (
@@ -71,20 +69,16 @@ def dequantize(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g
     return ((codes - zeros[g_idx]).to(scales.dtype) * scales[g_idx]).t()
 
 
-class PackedIntFamily(FormatFamily):
+class PackedIntFamily(QuantMethodFamily):
     """What GPTQ and AWQ share: detection by quant_method, the scheme, the per-layer loop."""
 
     packs = True
-    method = ""
     default_format = ""
     formats: tuple[str, ...] = ()
     format_key = ""  # the config key naming the layout
 
-    def detect(self, model_dir: Path) -> bool:
-        return quant_method(model_dir) == self.method
-
     def open(self, model_dir: Path) -> CheckpointQuant:
-        qcfg = read_config(model_dir)["quantization_config"]
+        qcfg = self.quantization_config(model_dir)
         layout = str(self.layout(qcfg) or self.default_format).lower()
         if layout not in self.formats:
             raise SpecftError(f"quant=checkpoint: {self.name} {self.format_key} {layout!r} is not supported yet; "

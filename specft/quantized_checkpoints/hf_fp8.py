@@ -28,11 +28,9 @@ from specft.common.errors import SpecftError
 from specft.quantized_checkpoints.base import (
     CHECKPOINT_FORMATS,
     CheckpointQuant,
-    FormatFamily,
     LayerQuant,
+    QuantMethodFamily,
     need,
-    quant_method,
-    read_config,
     read_tensors,
 )
 from specft.quantized_checkpoints.compressed_tensors import (
@@ -78,15 +76,12 @@ def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: t
     return weight.to(torch.float32) * broadcast_scale(scale_inv.to(torch.float32), args, shape)
 
 
-class HfFp8(FormatFamily):
-    name = "hf-fp8"
+class HfFp8(QuantMethodFamily):
+    name, method = "hf-fp8", QUANT_METHOD
     packs = True
 
-    def detect(self, model_dir: Path) -> bool:
-        return quant_method(model_dir) == QUANT_METHOD
-
     def open(self, model_dir: Path) -> CheckpointQuant:
-        qcfg = read_config(model_dir)["quantization_config"]
+        qcfg = self.quantization_config(model_dir)
         scheme, fmt, block = qcfg.get("activation_scheme"), qcfg.get("fmt", "e4m3"), qcfg.get("weight_block_size")
         if scheme not in ACTIVATION_SCHEMES:
             raise SpecftError(f"quant=checkpoint: FP8 activation_scheme {scheme!r} is not supported yet; "

@@ -4,21 +4,16 @@ then run activations in full precision without a word)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, FormatFamily, quant_method
+from specft.quantized_checkpoints.base import CHECKPOINT_FORMATS, QuantMethodFamily
 
 
-class ByQuantMethod(FormatFamily):
+class ByQuantMethod(QuantMethodFamily):
     """Known by ``quantization_config.quant_method`` in config.json."""
 
     supported = False
 
     def __init__(self, name: str, method: str):
         self.name, self.method = name, method
-
-    def detect(self, model_dir: Path) -> bool:
-        return quant_method(model_dir) == self.method
 
 
 # quant_method -> the family's name: transformers' other loaders
