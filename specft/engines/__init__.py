@@ -22,10 +22,9 @@ from specft.engines.base import (
     engine_for,
 )
 
-# Every engine module registers itself on import: a new one needs no line here.
+# Every module is imported, and each engine's registers itself: a new one needs no line here.
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("base", "generate", "openai_server"):
-        importlib.import_module(f"{__name__}.{_module.name}")
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["ENGINES", "AnswerRole", "Answerer", "Answers", "Capture", "Engine", "EngineUnreachable", "FeatureRole",
            "Features", "engine_for"]
