@@ -28,7 +28,8 @@ USAGE = f"""usage: specft {{{','.join(COMMANDS)}}} [key=value ...] [-m key=a,b .
        specft info CACHE_DIR [--verify]  # what a cache holds; --verify checks every checksum
        specft export CHECKPOINT OUT_DIR [--layout eagle3|speculators|mtp|dflash|gguf|...] [--quant auto|none|fp8|mxfp4]
                                         # CHECKPOINT: a run dir (its final, else its latest step), a step folder
-       specft fold-rotation CHECKPOINT OUT_DIR --rotation QUANT|R1.safetensors|CKPT  # a 16-bit draft for a rotated target
+       specft fold-rotation CHECKPOINT OUT_DIR --rotation QUANT|R1.safetensors|CKPT
+                                        # a 16-bit draft for a rotated target
 
   specft train model=tiny_qwen3 quant=mxfp4 trainer.max_steps=30
   specft cache model=smollm2_135m quant=fp8

@@ -30,7 +30,8 @@ SERVED = ["data.regenerate.enabled=true", "data.regenerate.engine=server", "data
     ([*SERVED, "data.regenerate.server.url=localhost:8080"], "as http://HOST:PORT; got localhost:8080"),
     ([*SERVED, "data.regenerate.server.url=http://h:1", "data.regenerate.server.concurrency=0"],
      "data.regenerate.server.concurrency: must be > 0, got 0"),
-    (["data.regenerate.engine=vllm"], "data.regenerate.engine: unknown engine 'vllm'; allowed: llamacpp, server, specft, torch"),
+    (["data.regenerate.engine=vllm"],
+     "data.regenerate.engine: unknown engine 'vllm'; allowed: llamacpp, server, specft, torch"),
 ])
 def test_server_settings_are_checked_before_anything_runs(overrides, line):
     with pytest.raises(ConfigError) as err:

@@ -75,7 +75,8 @@ def test_interrupted_cache_resumes_to_the_same_result(tmp_path, monkeypatch):
     stale.write_bytes(b"half a shard")
     written = []
     monkeypatch.setattr(CacheWriter, "_save_shard",
-                        lambda self, tensors, file, progress: written.append(file) or real(self, tensors, file, progress))
+                        lambda self, tensors, file, progress:
+                        written.append(file) or real(self, tensors, file, progress))
     cache_dir = ensure_cache(cfg)
     assert written == ["shard-r000-000001.safetensors", "shard-r000-000002.safetensors"]
     assert not stale.exists()

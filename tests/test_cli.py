@@ -307,8 +307,8 @@ def test_heldout_validation_replays_decoding_on_target_answers(tmp_path):
     target's own answers (a cache of its own) and replays greedy decoding at eval.k; on
     the same prompts `specft eval` counts about the same."""
     data = tmp_path / "qa.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i + 3}?", "response": f"It is {2 * i + 3}."}) + "\n"
-                            for i in range(60)))
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i + 3}?",
+                                        "response": f"It is {2 * i + 3}."}) + "\n" for i in range(60)))
     common = ["model=tiny_qwen3", "quant=mxfp4", "data=jsonl", f"data.path={data}", "data.split=train", "eval.k=[2,3]",
               "eval.max_new_tokens=12", "data.regenerate.max_new_tokens=12", "data.regenerate.batch_size=1",
               "cache.dtype=fp32", "data.val_fraction=0.2"]
@@ -346,7 +346,8 @@ def test_heldout_validation_of_a_mix_scores_each_source(tmp_path):
     """A mix validates on one held-out cache per source: the record scores every prompt
     set apart (`<source>/replay_*`) and together, and the log line names each."""
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i + 3}?", "response": "x"}) + "\n" for i in range(40)))
+    a.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i + 3}?", "response": "x"}) + "\n"
+                         for i in range(40)))
     b.write_text("".join(json.dumps({"prompt": f"Name a colour, {i}.", "response": "y"}) + "\n" for i in range(40)))
     mix = f"data.mix=[{{name: jsonl, path: '{a}'}},{{name: jsonl, path: '{b}', val_fraction: 0.3}}]"
     proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", "data=mix", mix, "data.split=train",

@@ -358,12 +358,14 @@ def test_gsm8k_answers_clean_drops_calculator_notes(tmp_path):
     from helpers import root_cfg
 
     gsm = tmp_path / "g.jsonl"
-    gsm.write_text(json.dumps({"question": "Half of 48, plus 48?", "answer": "48/2 = <<48/2=24>>24 in May.\n"
-                                                                            "48+24 = <<48+24=72>>72 in all.\n#### 72"}) + "\n")
+    gsm.write_text(json.dumps({"question": "Half of 48, plus 48?",
+                               "answer": "48/2 = <<48/2=24>>24 in May.\n"
+                                         "48+24 = <<48+24=72>>72 in all.\n#### 72"}) + "\n")
     written = root_cfg("data=gsm8k", f"data.path={gsm}")
     clean = root_cfg("data=gsm8k", f"data.path={gsm}", "data.gsm8k_answers=clean")
     assert load_conversations(written.data)[0][-1]["content"].endswith("#### 72")
-    assert load_conversations(clean.data)[0][-1]["content"] == "48/2 = 24 in May.\n48+24 = 72 in all.\nThe answer is 72."
+    assert load_conversations(clean.data)[0][-1]["content"] == \
+        "48/2 = 24 in May.\n48+24 = 72 in all.\nThe answer is 72."
     assert "gsm8k_answers" not in cache_key(written.data)  # caches named before it keep their names
     assert cache_key(clean.data)["gsm8k_answers"] == "clean"
     mixed = root_cfg("data=mix", f"data.mix=[{{name: gsm8k, path: '{gsm}', gsm8k_answers: clean}}]")

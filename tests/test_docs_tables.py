@@ -33,8 +33,8 @@ def _gguf_rows() -> list[list[str]]:
 
 
 # the activation type each GGUF row names -> ggml's vec_dot_type
-ROW_ACTIVATIONS = {"F16 (BF16 for BF16 weights), or Q8_0 blocks of 32": {"F16", "BF16", "Q8_0"}, "Q8_1 blocks": {"Q8_1"},
-                   "Q8_K superblocks": {"Q8_K"}}
+ROW_ACTIVATIONS = {"F16 (BF16 for BF16 weights), or Q8_0 blocks of 32": {"F16", "BF16", "Q8_0"},
+                   "Q8_1 blocks": {"Q8_1"}, "Q8_K superblocks": {"Q8_K"}}
 
 
 def test_every_gguf_type_the_docs_say_runs_runs_with_the_activations_they_name():
@@ -59,7 +59,8 @@ def test_every_gguf_type_the_docs_say_runs_runs_with_the_activations_they_name()
 def test_every_gguf_type_the_docs_call_refused_is_refused():
     refused_row = next(r for r in _gguf_rows() if "refused" in r[-1])
     # a type refused in one place only (an IQ4_XS token embedding) runs elsewhere
-    refused = _types(re.sub(r"an? \w+ token embedding", "", refused_row[1])) | ({"TQ1_0", "TQ2_0"} if "TQ types" in refused_row[1] else set())
+    refused = _types(re.sub(r"an? \w+ token embedding", "", refused_row[1])) | \
+        ({"TQ1_0", "TQ2_0"} if "TQ types" in refused_row[1] else set())
     assert {"IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"} <= refused
     assert not refused & set(VEC_DOT_TYPE)
     readme = README[README.index("Recognized and refused in one line"):][:800]

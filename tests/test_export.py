@@ -58,7 +58,8 @@ def read_export(folder):
             codes = torch.stack([t & 0xF, t >> 4], -1).reshape(t.shape[0], -1).long()
             values = E2M1[codes & 7] * torch.where(codes & 8 > 0, -1.0, 1.0)
             scale = torch.exp2(raw[name.replace("weight_packed", "weight_scale")].float() - 127)
-            out[name.replace("weight_packed", "weight")] = (values.view(t.shape[0], -1, 32) * scale[..., None]).reshape(t.shape[0], -1)
+            out[name.replace("weight_packed", "weight")] = \
+                (values.view(t.shape[0], -1, 32) * scale[..., None]).reshape(t.shape[0], -1)
         elif name.endswith(".weight_scale"):
             continue
         elif t.dtype == torch.float8_e4m3fn:

@@ -115,7 +115,8 @@ def test_fold_reads_a_saved_matrix_and_refuses_bad_ones(tmp_path, targets):
     (tmp_path / "garbage.safetensors").write_bytes(b"\x10\x00\x00\x00not a header")  # was a SafetensorError traceback
     for source, message in (("w8a8_int8", "rotates no residual stream"),
                             (str(tmp_path / "skew.safetensors"), "is not orthogonal"),
-                            (str(tmp_path / "small.safetensors"), "holds a (32, 32) matrix; the draft's target is 64 wide"),
+                            (str(tmp_path / "small.safetensors"),
+                             "holds a (32, 32) matrix; the draft's target is 64 wide"),
                             (str(tmp_path / "none.safetensors"), "no file"),
                             (str(tmp_path / "garbage.safetensors"), "is not a readable .safetensors file")):
         proc = run_cli(["fold-rotation", str(ckpt), str(tmp_path / "b"), "--rotation", source], cwd=tmp_path,

@@ -139,7 +139,8 @@ def test_a_gguf_type_without_its_activation_path_is_refused(tmp_path, monkeypatc
 
     supported = {k: v for k, v in ggml_activations.VEC_DOT_TYPE.items() if k != "Q8_0"}
     monkeypatch.setattr(gguf_family, "VEC_DOT_TYPE", supported)
-    with pytest.raises(SpecftError, match=r"\.weight is Q8_0, a GGUF type specft cannot run exactly as llama\.cpp does"):
+    with pytest.raises(SpecftError,
+                       match=r"\.weight is Q8_0, a GGUF type specft cannot run exactly as llama\.cpp does"):
         open_checkpoint(gguf_file("Q8_0"))
 
 
@@ -185,7 +186,8 @@ def test_an_iq4_xs_token_embedding_is_refused_naming_the_fix(tmp_path):
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"t{i}" for i in range(4)])
     # 4 rows of one 256-wide IQ4_XS block (136 bytes): zeros are a valid block (scale 0)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 136), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_XS)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 136), dtype=np.uint8),
+                      raw_dtype=gguf.GGMLQuantizationType.IQ4_XS)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

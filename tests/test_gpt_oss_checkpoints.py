@@ -79,8 +79,9 @@ def test_scales_of_the_wrong_shape_are_named(tmp_path):
     key = "model.layers.1.mlp.experts.gate_up_proj_scales"
     broken = _edit(tmp_path, lambda t: t.update({key: t[key][:, :, :1].contiguous()}))
     with pytest.raises(SpecftError, match=r"model.layers.1.mlp.experts.gate_up_proj_blocks / "
-                                          r"model.layers.1.mlp.experts.gate_up_proj_scales have shapes \[4, 128, 2, 16\] "
-                                          r"/ \[4, 128, 1\], but MXFP4 experts of shape \[4, 64, 128\] need"):
+                                          r"model.layers.1.mlp.experts.gate_up_proj_scales have shapes "
+                                          r"\[4, 128, 2, 16\] / \[4, 128, 1\], but MXFP4 experts of shape "
+                                          r"\[4, 64, 128\] need"):
         checkpoint_model(broken, *BF16)
 
 

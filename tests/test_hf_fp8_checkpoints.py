@@ -47,7 +47,8 @@ def test_weights_are_bit_equal_to_transformers_own_dequantization():
     from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
     oracle = AutoModelForCausalLM.from_pretrained(
-        FIXTURE, dtype=torch.float32, quantization_config=FineGrainedFP8Config(dequantize=True, weight_block_size=(32, 32)))
+        FIXTURE, dtype=torch.float32,
+        quantization_config=FineGrainedFP8Config(dequantize=True, weight_block_size=(32, 32)))
     model, _, report = checkpoint_model(FIXTURE)
     assert report.checkpoint["family"] == "hf-fp8" and len(report.checkpoint["layers"]) == 56
     theirs = oracle.state_dict()
@@ -67,7 +68,8 @@ def test_without_its_input_quantization_the_forward_would_not_match():
     from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
     plain = AutoModelForCausalLM.from_pretrained(
-        FIXTURE, dtype=torch.float32, quantization_config=FineGrainedFP8Config(dequantize=True, weight_block_size=(32, 32)))
+        FIXTURE, dtype=torch.float32,
+        quantization_config=FineGrainedFP8Config(dequantize=True, weight_block_size=(32, 32)))
     oracle, _ = check_checkpoints.oracle_model(SOURCE)
     ids = torch.tensor([list(range(5, 40))])
     with torch.no_grad():

@@ -28,7 +28,8 @@ def _fake_install(root, isa="AVX AVX2", help_text="--spec-type draft-eagle3", ma
 
 
 def test_no_install_names_the_install_command(tmp_path):
-    with pytest.raises(SpecftError, match=r"llama.cpp: no install at .*; install it with `bash scripts/install_llamacpp.sh`"):
+    with pytest.raises(SpecftError,
+                       match=r"llama.cpp: no install at .*; install it with `bash scripts/install_llamacpp.sh`"):
         install.check_install(tmp_path / "none")
 
 

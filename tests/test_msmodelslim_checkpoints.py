@@ -200,7 +200,8 @@ def test_an_offline_quarot_checkpoint_runs_as_saved_and_keeps_its_rotation():
     from helpers import float64_target
 
     assert open_checkpoint(QUAROT).summary == ("W8A8_DYNAMIC: int8 channel weights, int8 token dynamic inputs; "
-                                               "QuaRot rotation folded offline (R1 saved at optional/quarot.safetensors)")
+                                               "QuaRot rotation folded offline "
+                                               "(R1 saved at optional/quarot.safetensors)")
     r = saved_rotation(QUAROT).double()
     assert (r @ r.T - torch.eye(64, dtype=torch.float64)).abs().max() < 1e-6
     base = float64_target("tiny_qwen3").get_input_embeddings().weight.double()

@@ -191,7 +191,8 @@ def test_a_dflash_draft_reads_the_target_layers_stage_one_caches(tmp_path):
      "error: draft.options.mask_token_id: a token id of the target, 0..2047; got 4096"),
     (["draft=peagle", "+draft.options.mask_tokens=3"],
      "error: draft.options: a peagle draft takes mask_token_id; got ['mask_tokens']"),
-    (["+draft.options.mask_token_id=3"], "error: draft.options: draft.name=eagle3 takes no options; got ['mask_token_id']"),
+    (["+draft.options.mask_token_id=3"],
+     "error: draft.options: draft.name=eagle3 takes no options; got ['mask_token_id']"),
 ])
 def test_bad_parallel_draft_configs_are_one_line(tmp_path, args, line):
     proc = run_cli(["train", "model=tiny_qwen3", "quant=mxfp4", *args], cwd=tmp_path, check=False)

@@ -27,8 +27,8 @@ def _fixed_part(message: str) -> str:
 def test_the_extraction_finds_the_refusals():
     messages = refusal_messages()
     assert len(messages) > 90
-    assert ("specft/common/paths.py", "SPECFT_HOME: set but empty; unset it (default ~/.cache/specft) or give a directory") \
-        in messages
+    assert ("specft/common/paths.py",
+            "SPECFT_HOME: set but empty; unset it (default ~/.cache/specft) or give a directory") in messages
 
 
 def test_every_refusal_is_in_troubleshooting():

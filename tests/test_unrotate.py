@@ -97,7 +97,8 @@ def test_training_unrotated_on_the_rotated_target_is_training_on_the_unrotated_o
         ckpt = tmp_path / "unrot" / "checkpoints" / tag
         meta = json.loads((ckpt / "draft_config.json").read_text())
         assert meta["rotation"] == {"quant": "w8a8_int8_quarot", "kind": "hadamard", "seed": 0, "trained": "unrotated"}
-        want = fold_into_eagle3(load_file(str(tmp_path / "plain" / "checkpoints" / tag / "draft.safetensors")), meta, r1)
+        want = fold_into_eagle3(load_file(str(tmp_path / "plain" / "checkpoints" / tag / "draft.safetensors")),
+                                meta, r1)
         got = load_file(str(ckpt / "draft.safetensors"))
         assert got.keys() == want.keys()
         for name in got:
@@ -106,8 +107,8 @@ def test_training_unrotated_on_the_rotated_target_is_training_on_the_unrotated_o
                 continue
             assert (got[name] - want[name]).abs().max() <= 1e-3 * max(want[name].abs().max(), 1e-3), name
     # Folded already: fold-rotation refuses it rather than folding twice.
-    proc = run_cli(["fold-rotation", str(tmp_path / "unrot"), str(tmp_path / "twice"), "--rotation", "w8a8_int8_quarot"],
-                   cwd=tmp_path, check=False)
+    proc = run_cli(["fold-rotation", str(tmp_path / "unrot"), str(tmp_path / "twice"),
+                    "--rotation", "w8a8_int8_quarot"], cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "already folded" in proc.stderr
     # Each draft carries the basis it reads; one trained on the rotated target is refused
     # too (folding R1 into it was a double rotation, exit 0), also when its draft_config

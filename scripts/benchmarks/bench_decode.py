@@ -437,7 +437,8 @@ def bench_one(quant: str, batch: int, args, prompts_all, profile: bool) -> list[
         rows.append(row)
         decode = (f"; decode phase {row['decode_tok_s']:.1f} tok/s ({row['decode_vs_fp32_roofline']:.0%})"
                   if "decode_tok_s" in row else "")
-        print(f"  {quant} b={batch} {args.dtype} {path}: {tok_s:.1f} tok/s ({row['vs_fp32_roofline']:.0%} of fp32 roofline)"
+        print(f"  {quant} b={batch} {args.dtype} {path}: {tok_s:.1f} tok/s ({row['vs_fp32_roofline']:.0%} of fp32 "
+              "roofline)"
               f"{decode}", flush=True)
         return row
 
@@ -485,7 +486,8 @@ def table(rows: list[dict], old: dict | None) -> str:
     for r in rows:
         if r["path"] == "roofline":
             cells = [r["quant"], r["batch"], "roofline GEMM fp32 / bf16 / weight read",
-                     f"{r['gemm_fp32_tok_s']:.0f} / {r['gemm_bf16_tok_s']:.0f} / {r['read_bound_tok_s']:.0f}", "1.00", ""]
+                     f"{r['gemm_fp32_tok_s']:.0f} / {r['gemm_bf16_tok_s']:.0f} / "
+                     f"{r['read_bound_tok_s']:.0f}", "1.00", ""]
             if old:
                 o = old.get((r["quant"], r["batch"], "roofline"))
                 cells += [f"{o['gemm_fp32_tok_s']:.0f} (fp32)" if o else "", "", ""]
@@ -506,7 +508,8 @@ def _before_cells(r: dict, o: dict) -> list[str]:
         return [f"{o['tok_s']:.1f}", f"{o['decode_tok_s']:.1f}", f"{r['tok_s'] / o['tok_s']:.2f}x "
                 f"({r['decode_tok_s'] / o['decode_tok_s']:.2f}x)"]
     if "round_ms" in r:
-        return [f"{o['tok_s']:.1f}", f"round {o['round_ms']:.0f} ms", f"{o['round_ms'] / r['round_ms']:.2f}x faster round"]
+        return [f"{o['tok_s']:.1f}", f"round {o['round_ms']:.0f} "
+                                     "ms", f"{o['round_ms'] / r['round_ms']:.2f}x faster round"]
     return [f"{o['tok_s']:.1f}", "", f"{r['tok_s'] / o['tok_s']:.2f}x"]
 
 

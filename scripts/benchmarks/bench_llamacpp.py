@@ -204,7 +204,8 @@ def main() -> None:
         rows.append(row)
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch, "batch": args.batch,
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch,
+              "batch": args.batch,
               "p_min": args.p_min,
               "targets": targets,
               "drafts": {k: str(v) for k, v in drafts.items()}, "reference": next(iter(drafts)),
@@ -275,8 +276,10 @@ def table(result: dict) -> str:
             d, lo, hi = r["acceptance_vs_reference"]
             diff = f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
-                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r.get('tok_cpu_s_median', float('nan')):.1f} | "
-                     f"{r['speedup_vs_alone']:.2f} | {r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {diff} | "
+                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r.get('tok_cpu_s_median', float('nan')):.1f} "
+                     "| "
+                     f"{r['speedup_vs_alone']:.2f} | {r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {diff} "
+                     "| "
                      f"{r['peak_rss_mb']:.0f} | {r['rss_vs_alone']:.3f} |")
     return "\n".join(lines)
 

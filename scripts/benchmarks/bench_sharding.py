@@ -105,12 +105,14 @@ def main() -> None:
         for model, sharding, ranks, quant in SETTINGS:
             rows += run_setting(model, paths[model], sharding, ranks, quant, Path(tmp))
     base = {r["model"]: r for r in rows if r["ranks"] == 1}
-    print(f"| model | sharding | quant | ranks | rank | weights MB | vs 1 rank | peak RSS MB | vs 1 rank |\n|{'---|' * 9}")
+    print("| model | sharding | quant | ranks | rank | weights MB | vs 1 rank | peak RSS MB | vs 1 rank "
+          f"|\n|{'---|' * 9}")
     for r in rows:
         b = base[r["model"]]
         r["weights_vs_one_rank"] = r["weight_bytes"] / b["weight_bytes"]
         r["rss_vs_one_rank"] = r["peak_rss_bytes"] / b["peak_rss_bytes"]
-        print(f"| {r['model']} | {r['sharding']} | {r['quant']} | {r['ranks']} | {r['rank']} | {r['weight_bytes'] / 1e6:.1f} | "
+        print(f"| {r['model']} | {r['sharding']} | {r['quant']} | {r['ranks']} | {r['rank']} | "
+              f"{r['weight_bytes'] / 1e6:.1f} | "
               f"{r['weights_vs_one_rank']:.2f} | {r['peak_rss_bytes'] / 1e6:.0f} | {r['rss_vs_one_rank']:.2f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"checkpoint_file_mb": args.shard_mb, "rows": rows}, indent=2))

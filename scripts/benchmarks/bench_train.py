@@ -111,7 +111,8 @@ def run_variant(base_cfg, cache_dir: Path, name: str, overrides: dict, steps: in
     return {"variant": name, "steps": steps, "wall_s": wall, "positions_per_s": positions / wall,
             "loss_tokens_per_s": tokens / wall, "data_wait_share": trainer.data_seconds / wall,
             "draft_vocab": c.draft_vocab_size, "mean_seq_len": seq, "flops_per_position": flops, "warmup_s": warmup_s,
-            "micro_batch_size": root.trainer.micro_batch_size, "precision": root.trainer.precision, "compiled": compiled,
+            "micro_batch_size": root.trainer.micro_batch_size, "precision": root.trainer.precision,
+            "compiled": compiled,
             "achieved_flops_per_s": flops["total"] * positions / wall}
 
 

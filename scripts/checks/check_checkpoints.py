@@ -124,8 +124,10 @@ def compare(model_dir: Path, n_prompts: int, new_tokens: int, oracle_dir: Path |
         gb = oracle.generate(x, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         identical += int(torch.equal(ga, gb))
     qcfg = json.loads((model_dir / "config.json").read_text())["quantization_config"]
-    return {"checkpoint": model_dir.name, "format": qcfg.get("format", qcfg["quant_method"]), "summary": ours.specft_checkpoint.summary,
-            "oracle": how, "hidden_rel_err_max": worst_hidden, "hidden_rel_err_mean": sum(mean_hidden) / len(mean_hidden),
+    return {"checkpoint": model_dir.name, "format": qcfg.get("format", qcfg["quant_method"]),
+            "summary": ours.specft_checkpoint.summary,
+            "oracle": how, "hidden_rel_err_max": worst_hidden,
+            "hidden_rel_err_mean": sum(mean_hidden) / len(mean_hidden),
             "logits_rel_err_max": worst_logits, "logits_rel_err_mean": sum(mean_logits) / len(mean_logits),
             "greedy_identical": identical, "prompts": n_prompts, "new_tokens": new_tokens}
 

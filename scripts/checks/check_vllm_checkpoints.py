@@ -6,7 +6,8 @@ quantization) decodes N chat prompts greedily; vLLM (its own venv, scripts/check
 target alone) decodes the same prompt ids. The table says whether vLLM loaded and ran
 the checkpoint (else its error line), how many of the N continuations are identical, and
 how often a continuation first differs per compared token. An unquantized model among
-the directories gives the two engines' agreement without any quantization. vLLM's CPU attention needs head_dim 32, 64, ... (the tests'
+the directories gives the two engines' agreement without any quantization. vLLM's CPU
+attention needs head_dim 32, 64, ... (the tests'
 tiny Qwen3 has 16: make the checkpoints from `model=tiny_qwen3 model.head_dim=32`).
 
     python scripts/checks/check_vllm_checkpoints.py CKPT_DIR... --vllm-python ../vllm-venv/bin/python \
@@ -87,7 +88,8 @@ def main() -> None:
     args.out, args.work = args.out.resolve(), args.work.resolve()  # vLLM runs in the work folder
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [check(d.resolve(), args) for d in args.dirs if (d / "config.json").is_file()]
-    lines = ["| checkpoint | vLLM CPU runs it | identical greedy continuations, specft vs vLLM (flips per compared token) |",
+    lines = ["| checkpoint | vLLM CPU runs it | identical greedy continuations, specft vs vLLM (flips per compared "
+             "token) |",
              "|---|---|---|"]
     for r in rows:
         if r["vllm_runs"]:

@@ -110,7 +110,8 @@ def main() -> None:
     for r in rows:
         for pair in ("bf16_vs_checkpoint", "bf16_vs_emulation", "emulation_vs_checkpoint"):
             d = r[pair]
-            lines.append(f"| {r['checkpoint']} | {r['emulation']} | {pair.replace('_', ' ')} | {d['aux_rel_err']:.4f} | "
+            lines.append(f"| {r['checkpoint']} | {r['emulation']} | {pair.replace('_', ' ')} | {d['aux_rel_err']:.4f} "
+                         "| "
                          f"{d['final_rel_err']:.4f} | {d['top1_agreement']:.4f} ({d['tokens']} tokens) |")
     table = "\n".join(lines)
     print(table)

@@ -48,7 +48,8 @@ def _pct(x) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| draft | k | batch | acceptance before -> after (after - before [95% CI]) | peak KV MB before -> after "
-             "| memory vs target alone before -> after | time per token cut vs target alone (-: slower) before -> after |",
+             "| memory vs target alone before -> after | time per token cut vs target alone (-: slower) before -> "
+             "after |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         b, a = r["before"], r["after"]

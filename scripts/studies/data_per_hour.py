@@ -83,7 +83,8 @@ def train_baseline(a: argparse.Namespace, arms: list[Arm]) -> None:
            "--parts", "base", "--qat-quants", "", "--latency-k", "", "--seed", str(a.seed),
            "--steps", str(max(arm.steps for arm in arms)),
            "--eval-prompts", str(a.eval_prompts), "--cache-root", str(a.cache_root.resolve()),
-           "--gsm8k", str(a.gsm8k), "--sharegpt", str(a.sharegpt), *(["--precision", a.precision] if a.precision else [])]
+           "--gsm8k", str(a.gsm8k), "--sharegpt", str(a.sharegpt), *(["--precision",
+                                                                      a.precision] if a.precision else [])]
     print(f"[baseline] {' '.join(cmd[2:])}", flush=True)
     subprocess.run(cmd, check=True)
 
@@ -181,22 +182,24 @@ def _diff(comparisons: list[dict], data: str, k: int, ref: str, label: str) -> s
 
 def markdown(arms: list[Arm], info: dict, rows: list[dict], comparisons: list[dict]) -> str:
     first = arms[0].name
-    lines = ["| arm | GSM8K+ShareGPT convs | regenerated share | steps | answer tokens (regenerated / fixed) | wall, min |",
+    lines = ["| arm | GSM8K+ShareGPT convs | regenerated share | steps | answer tokens (regenerated / fixed) | wall, "
+             "min |",
              "|---|---|---|---|---|---|"]
     for arm in arms:
         i = info[arm.name]
         wall = sum(i["walls_s"].values()) / 60 if i["walls_s"] else float("nan")
         tokens = f"{i.get('answer_tokens', 0):,} ({i.get('regenerated_tokens', 0):,} / {i.get('fixed_tokens', 0):,})"
-        lines.append(f"| {arm.name} | {arm.gsm8k}+{arm.sharegpt} | {arm.fraction:g} | {arm.steps} | {tokens} | {wall:.1f} |")
+        lines.append(f"| {arm.name} | {arm.gsm8k}+{arm.sharegpt} | {arm.fraction:g} | {arm.steps} | {tokens} | "
+                     f"{wall:.1f} |")
     lines += ["", f"| set | k | draft | acceptance [95% CI] (length) | vs {first}, pts [paired CI] | vs 16-bit, pts |",
               "|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["data"], r["k"])):
         if not r["k"]:
             continue
         label = r["draft"]
-        lines.append(f"| {r['data']} | {r['k']} | {label} | {rate_cell(r)} | "
-                     f"{_diff(comparisons, r['data'], r['k'], first, label) if label != first else ''} | "
-                     f"{_diff(comparisons, r['data'], r['k'], 'baseline_16bit', label) if label != 'baseline_16bit' else ''} |")
+        vs_first = _diff(comparisons, r["data"], r["k"], first, label) if label != first else ""
+        vs_16bit = _diff(comparisons, r["data"], r["k"], "baseline_16bit", label) if label != "baseline_16bit" else ""
+        lines.append(f"| {r['data']} | {r['k']} | {label} | {rate_cell(r)} | {vs_first} | {vs_16bit} |")
     return "\n".join(lines) + "\n"
 
 

@@ -115,7 +115,8 @@ def markdown(rows: list[dict], a: argparse.Namespace) -> str:
         lines.append(f"| {r['quant']} | {r['samples']} | {_token_cell(r['specft_tokens'])} | "
                      f"{_token_cell(r['baseline_tokens'])} | {r['prompts']} | {cells[0]} | {cells[1]} | "
                      f"{difference_cell(r['difference']) if r['difference'] else ''} |")
-    fits = [f for q in sorted({r["quant"] for r in rows}) for d in ("baseline", "specft") if (f := projection(rows, d, q))]
+    fits = [f for q in sorted({r["quant"] for r in rows}) for d in ("baseline", "specft") if (f := projection(rows, d,
+                                                                                                              q))]
     if fits:
         lines += ["", "A line through acceptance against log10(answer tokens); what it would need (a projection, "
                   "not a measurement):", "", "| quant | draft | budgets | points per 10x tokens | tokens for 45% "
@@ -152,7 +153,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def write(rows: list[dict], a: argparse.Namespace) -> None:
-    fits = [f for q in sorted({r["quant"] for r in rows}) for d in ("baseline", "specft") if (f := projection(rows, d, q))]
+    fits = [f for q in sorted({r["quant"] for r in rows}) for d in ("baseline", "specft") if (f := projection(rows, d,
+                                                                                                              q))]
     (a.out_dir / "curve.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
                                                       "rows": rows, "projections": fits}, indent=2))
     (a.out_dir / "curve.md").write_text(markdown(rows, a))

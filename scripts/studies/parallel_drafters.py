@@ -55,7 +55,8 @@ def drafter_table(rows: list[dict]) -> str:
         lines += [f"**held-out {data}, batch {batch}** (target alone: "
                   f"{base['latency_ms_per_token']:.1f} ms/token)" if base else f"**held-out {data}, batch {batch}**",
                   "", "| draft | k | acceptance rate [95% CI] | acceptance length [95% CI] | at position 1..k "
-                  f"| b{batch} ms/token (time cut vs alone) | b1 ms/token on GSM8K (time cut vs alone) | memory vs alone |",
+                  f"| b{batch} ms/token (time cut vs alone) | b1 ms/token on GSM8K (time cut vs alone) | memory vs "
+                  "alone |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in sorted(cells, key=lambda r: (r["k"], DRAFT_ORDER.get(r["draft"], 99), r["draft"])):
             one = b1.get((r["draft"], r["k"]))
@@ -90,7 +91,8 @@ def gain_table(rows: list[dict], seed: int = 0) -> str:
             lo, hi = diff["rate_difference_ci"]
             llo, lhi = diff["length_difference_ci"]
             lines.append(f"| {data} b{batch} | {k} | {b} - {a} | {100 * diff['rate_difference']:+.1f} pts "
-                         f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {verdict({**diff, 'a': a, 'b': b})} | {diff['length_difference']:+.2f} "
+                         f"[{100 * lo:+.1f}, {100 * hi:+.1f}], {verdict({**diff, 'a': a, 'b': b})} | "
+                         f"{diff['length_difference']:+.2f} "
                          f"[{llo:+.2f}, {lhi:+.2f}] |")
     return "\n".join(lines)
 
@@ -133,7 +135,8 @@ class ParallelDrafters(Experiment):
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--target-quant", default="mxfp4", help="the quantized target the drafts are served with")
-    p.set_defaults(out_dir=Path("runs/parallel_drafters"), qat_quants="", latency_prompts=32, eval_sets="gsm8k,sharegpt",
+    p.set_defaults(out_dir=Path("runs/parallel_drafters"), qat_quants="", latency_prompts=32,
+                   eval_sets="gsm8k,sharegpt",
                    parts="eagle3-bf16,eagle3-mxfp4,peagle-bf16,peagle-mxfp4,dflash-bf16,dflash-mxfp4,eval")
     args = p.parse_args()
     exp = ParallelDrafters(args)

@@ -27,8 +27,9 @@ draft of the target given as :COMPARE after DIR) or NAME=emulate:QUANT (specft's
 emulation on SmolLM2, with overrides after ';'). The question of docs/checkpoints.md, on
 a GPTQ W4A16 checkpoint made by scripts/fixtures/make_checkpoints.py:
 
-    python scripts/studies/quant_alignment.py --out-dir runs/ckpt_study --qat-quants '' \
-        --targets 'rtn_w4a16=emulate:w4a16;quant.weight.block_size=32,gptq_w4a16=checkpoint:ckpts/w4a16_g32_gptq:rtn_w4a16' \
+    TARGETS='rtn_w4a16=emulate:w4a16;quant.weight.block_size=32'
+    TARGETS+=',gptq_w4a16=checkpoint:ckpts/w4a16_g32_gptq:rtn_w4a16'
+    python scripts/studies/quant_alignment.py --out-dir runs/ckpt_study --qat-quants '' --targets "$TARGETS" \
         --parts base,rtn_w4a16-ours,gptq_w4a16-ours,gptq_w4a16-eval
 
 Rotated targets (docs/results.md, "Rotated targets"): on a target quantized with a rotation
@@ -154,7 +155,8 @@ class Experiment:
                 f"draft.vocab_size={a.vocab_size}", f"draft.vocab_fill={a.vocab_fill}",
                 f"trainer.max_steps={a.steps}", f"trainer.save_every={min(a.save_every, a.steps)}",
                 "trainer.val_data=heldout", f"trainer.val_samples={a.val_samples or a.eval_prompts}",
-                f"trainer.val_batches={a.val_samples or a.eval_prompts}", f"eval.k=[{a.k}]", f"eval.max_new_tokens={a.eval_tokens}",
+                f"trainer.val_batches={a.val_samples or a.eval_prompts}", f"eval.k=[{a.k}]",
+                f"eval.max_new_tokens={a.eval_tokens}",
                 f"seed={a.seed}", f"run_dir={run_dir}", *([f"trainer.precision={a.precision}"] if a.precision else []),
                 *extra]
         self.timed(name, args, run_dir / "checkpoints" / "final")
@@ -228,8 +230,8 @@ class Experiment:
             self.summarize()
 
     def run_part(self, part: str) -> None:
-        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-onpolicy | <quant>-epochs | <quant>-unrot | <quant>-eval |
-        <quant>-fold | <quant>-baseeval"""
+        """base | base-eval | <quant>-ours | <quant>-qat | <quant>-onpolicy | <quant>-epochs | <quant>-unrot |
+        <quant>-eval | <quant>-fold | <quant>-baseeval"""
         if part == "base":
             self.train("train baseline (bf16 target)", "bf16", self.base)
         elif part == "base-eval":
@@ -251,7 +253,8 @@ class Experiment:
                 self.evaluate(quant, self.draft_dirs(quant), alone=self.args.eval_alone)
             else:
                 raise SystemExit(f"unknown part {part!r}: base, base-eval, <quant>-ours, <quant>-qat, "
-                                 "<quant>-onpolicy, <quant>-epochs, <quant>-unrot, <quant>-eval, <quant>-fold, <quant>-baseeval")
+                                 "<quant>-onpolicy, <quant>-epochs, <quant>-unrot, <quant>-eval, <quant>-fold, "
+                                 "<quant>-baseeval")
 
     def summarize(self) -> None:
         rows, walls, comparisons = [], {}, []
@@ -283,7 +286,8 @@ def pivot_markdown(rows: list[dict], comparisons: list[dict] | None = None) -> s
     for quant in sorted({r["quant"] for r in rows} - {"bf16"}):
         for data in sorted({r["data"] for r in rows if r["quant"] == quant}):
             batch = max(r["batch_size"] for r in rows if r["quant"] == quant and r["data"] == data)
-            cells = [r for r in rows if r["quant"] == quant and r["data"] == data and r["batch_size"] == batch and r["k"]]
+            cells = [r for r in rows
+                     if r["quant"] == quant and r["data"] == data and r["batch_size"] == batch and r["k"]]
             drafts = list(dict.fromkeys(r["draft"] for r in cells))
             mine = [c for c in comparisons if (c["quant"], c["data"]) == (quant, data)]
             lines += [f"**{quant} target, held-out {data}, batch {batch}**: acceptance rate (acceptance length)", "",
@@ -376,7 +380,8 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
                    "default: the trainer's)")
     p.add_argument("--ttt-steps", type=int, default=3, help="TTT steps trained (3: the recipe ablations' best)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per prompt set (eval and validation)")
+    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per prompt set (eval and "
+                                                                 "validation)")
     p.add_argument("--val-samples", type=int, default=0,
                    help="held-out prompts the trainer's replayed validation uses (0: --eval-prompts)")
     p.add_argument("--regen-fraction", type=float, default=None,

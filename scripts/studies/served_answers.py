@@ -107,7 +107,8 @@ def answers_of(cache_dir: Path) -> dict[int, list[str]]:
 
     out = {}
     for path in sorted(cache_dir.glob("regenerated-r*.jsonl")):
-        out.update({i: [m["content"] for m in conv if m["role"] == "assistant"] for i, conv in load_store(path).items()})
+        out.update({i: [m["content"] for m in conv if m["role"] == "assistant"] for i,
+                    conv in load_store(path).items()})
     return out
 
 
@@ -127,7 +128,8 @@ def divergence(tokenizer, ours: dict[int, list[str]], theirs: dict[int, list[str
     return {"answers": len(rows), "identical": len(rows) - len(parted),
             "identical_share": (len(rows) - len(parted)) / len(rows) if rows else None,
             "median_first_difference": parted[len(parted) // 2] if parted else None,
-            "first_difference_quartiles": [parted[len(parted) // 4], parted[(3 * len(parted)) // 4]] if parted else None,
+            "first_difference_quartiles": [parted[len(parted) // 4],
+                                           parted[(3 * len(parted)) // 4]] if parted else None,
             "per_answer": rows}
 
 
@@ -236,7 +238,8 @@ def markdown(r: dict) -> str:
         wall = f"{s['command_wall_s']:.0f}" if s["command_wall_s"] else ""
         lines.append(f"| {s['engine']} | {s['slots'] or ''} | {s['conversations']} | {s['new_tokens']:,} | "
                      f"{s['regeneration_s']:.0f} | {s['tokens_per_s']:.1f} | {wall} |")
-    lines += ["", "| answers | compared | identical | median first difference (quartiles), tokens |", "|---|---|---|---|"]
+    lines += ["", "| answers | compared | identical | median first difference (quartiles), tokens "
+                  "|", "|---|---|---|---|"]
     for pair, d in r["divergence"].items():
         quart = d["first_difference_quartiles"]
         spread = f"{d['median_first_difference']} ({quart[0]}-{quart[1]})" if quart else "-"

@@ -121,7 +121,8 @@ def lane_commands(script: Path, argv: list[str], lanes: str) -> list[list[str]]:
     rest = without_option(without_option(argv, "--lanes"), "--parts")
     groups = [lane.strip() for lane in lanes.split(";")]
     if len(groups) < 2:
-        raise SystemExit(f"--lanes {lanes!r}: two or more ';'-separated lanes of parts, e.g. 'base,fp8-ours;mxfp4-ours'")
+        raise SystemExit(f"--lanes {lanes!r}: two or more ';'-separated lanes of parts, e.g. "
+                         "'base,fp8-ours;mxfp4-ours'")
     return [[sys.executable, str(script), *rest, "--parts", group] for group in groups]
 
 

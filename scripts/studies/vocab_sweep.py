@@ -38,7 +38,8 @@ class Sweep:
         data = ["data=mix", gsm8k_sharegpt_mix(a.gsm8k, a.samples, a.sharegpt, a.sharegpt_samples,
                                                a.sharegpt_max_turns, a.sharegpt_val_fraction)] if a.mix \
             else ["data=gsm8k", f"data.path={a.gsm8k}", f"data.num_samples={a.samples}"]
-        return ["model=smollm2_135m", f"quant={a.quant}", *data, "data.split=train", f"data.val_fraction={GSM8K_VAL_FRACTION}",
+        return ["model=smollm2_135m", f"quant={a.quant}", *data, "data.split=train",
+                f"data.val_fraction={GSM8K_VAL_FRACTION}",
                 "data.regenerate.enabled=true", f"data.regenerate.max_new_tokens={a.max_new_tokens}",
                 f"data.regenerate.batch_size={a.regen_batch}", "data.max_seq_len=512",
                 f"cache.root={self.cache_root}"]
@@ -138,7 +139,8 @@ def summary_markdown(rows: list[dict], comparisons: list[dict], walls: dict) -> 
     lines += ["", "| a | b | b - a [95% CI] | verdict |", "|---|---|---|---|"]
     for c in comparisons:
         lo, hi = c["rate_difference_ci"]
-        lines.append(f"| {c['a']} | {c['b']} | {100 * c['rate_difference']:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+        lines.append(f"| {c['a']} | {c['b']} | {100 * c['rate_difference']:+.1f} pts [{100 * lo:+.1f}, "
+                     f"{100 * hi:+.1f}] "
                      f"| {verdict(c)} |")
     lines += ["", "| step | wall |", "|---|---|"] + [f"| {k} | {v / 60:.1f} min |" for k, v in walls.items()]
     return "\n".join(lines) + "\n"

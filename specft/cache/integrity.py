@@ -3,7 +3,8 @@
 Every file a cache lists (shards, the target head, the token counts) is recorded at write
 time with its size and SHA-256. Opening a cache checks that each is present with its
 size (cheap: one stat per file); every `specft train` start also hashes a few shards
-picked at random, and `specft cache` and ``specft info --verify`` hash them all. A damaged shard is named in one line, and ``specft cache``
+picked at random, and `specft cache` and ``specft info --verify`` hash them all. A damaged
+shard is named in one line, and ``specft cache``
 (or ``specft train``) with the same settings drops it from the cache and rebuilds only it.
 """
 

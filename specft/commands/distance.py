@@ -214,6 +214,6 @@ def format_distance(r: dict) -> str:
                          f"({a['accepted']}/{a['proposed']}, {d['prompts']} prompts)")
         diff = d["served_minus_reference"]
         lo_d, hi_d = diff["rate_difference_ci"]
-        lines.append(f"  served - reference {100 * diff['rate_difference']:+.1f} pts [{100 * lo_d:+.1f}, {100 * hi_d:+.1f}]"
-                     + ("" if diff["distinguishable"] else ": no difference"))
+        lines.append(f"  served - reference {100 * diff['rate_difference']:+.1f} pts "
+                     f"[{100 * lo_d:+.1f}, {100 * hi_d:+.1f}]" + ("" if diff["distinguishable"] else ": no difference"))
     return "\n".join([*lines, r["verdict"]])

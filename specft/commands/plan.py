@@ -152,7 +152,8 @@ def format_plan(m: ModelConfig, q: QuantConfig, p: PlanConfig, rows: list[dict])
         where = "whole on every rank" if _checkpoint_whole(m, q, p) else "partitioned over the ranks"
         lines.append(f"checkpoint: {(c.linear * bits / 8 + 2.0 * c.other) / GB:.1f} GB as stored ({source}; "
                      f"the rest 16 bit); {held}, {where}")
-    lines.append(f"{'devices':>8} {'weights':>9} {'activ.':>8} {'KV':>8} {'total':>9} {'fits':>5} {'tok/s':>8} {'write MB/s':>11}")
+    lines.append(f"{'devices':>8} {'weights':>9} {'activ.':>8} {'KV':>8} {'total':>9} {'fits':>5} {'tok/s':>8} "
+                 f"{'write MB/s':>11}")
     for r in rows:
         lines.append(f"{r['devices']:>8} {r['weights_gb']:8.1f}G {r['activations_gb']:7.2f}G {r['kv_gb']:7.2f}G "
                      f"{r['total_gb']:8.1f}G {'yes' if r['fits'] else 'NO':>5} {r['tokens_per_s_per_rank']:8.0f} "

@@ -45,7 +45,8 @@ def check_model_path(model: ModelConfig) -> None:
         if not path.is_dir():
             raise SpecftError(f"model.path: {model.path} is a file; give the checkpoint's directory (or a .gguf file)")
         if model.source == "hf" and not (path / "config.json").is_file():
-            raise SpecftError(f"model.path: {model.path} holds no config.json; give a Hugging Face checkpoint directory")
+            raise SpecftError(f"model.path: {model.path} holds no config.json; give a Hugging Face checkpoint "
+                              "directory")
         return
     if _looks_local(model.path):
         raise SpecftError(f"model.path: no such {'file' if str(model.path).endswith('.gguf') else 'directory'}: "

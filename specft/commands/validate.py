@@ -303,8 +303,9 @@ def _check_node(t) -> None:
     try:  # a name this node cannot resolve would only fail at the rendezvous, after its timeout
         socket.getaddrinfo(t.master_addr, t.master_port)
     except OSError as err:
-        raise ConfigError(f"trainer.master_addr: {t.master_addr} does not resolve on this node ({err.strerror or err}); "
-                          "give node 0's IP address or a name this node's resolver knows") from None
+        raise ConfigError(f"trainer.master_addr: {t.master_addr} does not resolve on this node "
+                          f"({err.strerror or err}); give node 0's IP address or a name this node's resolver "
+                          "knows") from None
 
 
 def _check_online(cfg: RootConfig) -> None:

@@ -22,7 +22,8 @@ from specft.common.nested import flatten
 RESUME_SAFE = (
     "meta", "run_dir", "eval", "logger", "plan",
     "trainer.max_steps", "trainer.save_every", "trainer.keep_last", "trainer.log_every",
-    "trainer.val_every", "trainer.val_batches", "trainer.val_samples", "trainer.resume", "trainer.nproc", "trainer.hostfile",
+    "trainer.val_every", "trainer.val_batches", "trainer.val_samples", "trainer.resume", "trainer.nproc",
+    "trainer.hostfile",
     "trainer.num_nodes", "trainer.node_rank", "trainer.master_addr", "trainer.master_port",
     "trainer.rendezvous_timeout_s", "cache.root", "cache.dir", "cache.batch_size", "cache.sharding", "cache.tp_size",
 )

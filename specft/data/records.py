@@ -55,7 +55,8 @@ class DataSummary(Counter):
 
     def _left_out(self) -> str:
         """Usable records the run does not take: why a side of the split can be empty."""
-        parts = [f"{self['other_split']} on the other side of the train/validation split"] if self["other_split"] else []
+        parts = [f"{self['other_split']} on the other side of the train/validation split"] \
+            if self["other_split"] else []
         parts += [f"{self['over_cap']} over data.num_samples"] if self["over_cap"] else []
         return f"; left out: {', '.join(parts)}" if parts else ""
 

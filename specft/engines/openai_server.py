@@ -176,7 +176,8 @@ def check_tokens(answer: ServedAnswer, tokenizer, where: str) -> None:
     else:
         position = len(answer.ids)
     raise SpecftError(f"data.regenerate.server: {where}: the server's token ids do not spell its text with specft's "
-                      f"tokenizer (first at answer token {position}: id {answer.ids[position] if position < len(answer.ids) else '-'}"
+                      f"tokenizer (first at answer token {position}: id "
+                      f"{answer.ids[position] if position < len(answer.ids) else '-'}"
                       f", server text {answer.text[:40]!r}); the server serves another model or tokenizer than "
                       "model.path")
 

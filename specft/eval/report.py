@@ -58,7 +58,8 @@ def markdown(records: list[dict], meta: dict, comparisons: list[dict] = ()) -> s
             f"{_pct(r.get('memory_vs_target_alone'))} | {flips} |")
     lines += comparison_lines(list(comparisons))
     lines += ["", "accept rate: accepted / proposed draft tokens, [95% bootstrap CI over prompts]. "
-              "accept len: tokens emitted per target forward. latency: decode time per output token of one sequence; vs first draft: "
+              "accept len: tokens emitted per target forward. latency: decode time per output token of one "
+              "sequence; vs first draft: "
               "(T_first - T) / T_first. memory: weights + peak KV caches. flip rate: first "
               "divergences from the target-alone greedy output per compared token.", "",
               "![acceptance by position](acceptance_by_position.png)", "",

@@ -220,9 +220,11 @@ def _relative(records: list[dict]) -> None:
     for r in records:
         b = base.get((r["k"], r["batch_size"]))
         if b is not None and b["latency_ms_per_token"]:
-            r["latency_change_vs_first"] = (b["latency_ms_per_token"] - r["latency_ms_per_token"]) / b["latency_ms_per_token"]
+            r["latency_change_vs_first"] = \
+                (b["latency_ms_per_token"] - r["latency_ms_per_token"]) / b["latency_ms_per_token"]
         a = alone.get(r["batch_size"])
         if a is not None:
             r["memory_vs_target_alone"] = r["memory_bytes"] / a["memory_bytes"] - 1
             if a["latency_ms_per_token"]:
-                r["latency_change_vs_target_alone"] = (a["latency_ms_per_token"] - r["latency_ms_per_token"]) / a["latency_ms_per_token"]
+                r["latency_change_vs_target_alone"] = \
+                    (a["latency_ms_per_token"] - r["latency_ms_per_token"]) / a["latency_ms_per_token"]

@@ -74,7 +74,8 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
     out = check_out_dir(Path(out_dir).expanduser(), overwrite)
     _, meta = load_draft(folder, field="checkpoint")  # a damaged checkpoint is one line, first
     if meta.get("architecture", "eagle3") != "eagle3":
-        raise SpecftError(f"checkpoint: {folder} holds an {meta['architecture']} draft; fold-rotation folds EAGLE-3 drafts")
+        raise SpecftError(f"checkpoint: {folder} holds an {meta['architecture']} draft; fold-rotation folds "
+                          "EAGLE-3 drafts")
     if meta.get("draft_quant"):
         raise SpecftError(f"checkpoint: {folder} is quantization-aware (draft.quant={meta['draft_quant']}); folding "
                           "would move its weights off their grid: fold a 16-bit draft")
@@ -88,7 +89,8 @@ def fold_rotation(checkpoint: str | Path, out_dir: str | Path, source: str, over
     state = fold_into_eagle3(load_file(str(folder / "draft.safetensors")), meta, r1)
     with sibling_lock(out, "out_dir", "specft fold-rotation"):  # one writer; checked again under the lock
         check_out_dir(out, overwrite)
-        write_files_atomically(out, state, {**meta, "rotation": record}, names=("draft.safetensors", "draft_config.json"))
+        write_files_atomically(out, state, {**meta, "rotation": record},
+                               names=("draft.safetensors", "draft_config.json"))
         if (folder / "config.yaml").exists():
             shutil.copyfile(folder / "config.yaml", out / "config.yaml")  # the target facts export reads
     return out

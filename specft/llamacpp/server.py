@@ -30,7 +30,8 @@ class ServerOptions:
     slots: int = 1  # -np: parallel sequences (continuous batching)
     threads: int | None = None
     ctx_per_slot: int = 2048
-    p_min: float = 0.0  # --spec-draft-p-min: 0 drafts k tokens every round; above, the round stops at a less confident one
+    # --spec-draft-p-min: 0 drafts k tokens every round; above, the round stops at a less confident one
+    p_min: float = 0.0
     extra: list[str] = field(default_factory=list)
 
     def args(self, port: int) -> list[str]:

@@ -157,7 +157,8 @@ def rotate_model(model: nn.Module, spec: RotationSpec, edit=plain_weights) -> di
     any quantizer, so the quantizers see rotated tensors). Returns the record for
     quant_report.json: each rotation's kind and size."""
     config = model.config
-    hidden, head_dim = config.hidden_size, getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    hidden, head_dim = config.hidden_size, \
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     layers = model.get_decoder().layers
     parts = [_layer_parts(layer, f"layer {i}") for i, layer in enumerate(layers)]
     record = {}

@@ -321,7 +321,8 @@ def online_transforms(tcfg: dict) -> list[OnlineTransform]:
                                   f"yet; supported at run time: rotations of kind {' or '.join(ONLINE_KINDS)} at "
                                   f"{', '.join(ONLINE_LOCATIONS)}")
             out.append(OnlineTransform(gname, kind, where, list(args.get("targets") or []),
-                                       list(args.get("ignore") or []), bool(args.get("inverse")), scheme.get("head_dim")))
+                                       list(args.get("ignore") or []), bool(args.get("inverse")),
+                                       scheme.get("head_dim")))
     return out
 
 

@@ -35,7 +35,8 @@ PROJECTIONS = ("gate_up_proj", "down_proj")
 SUFFIXES = ("_blocks", "_scales")
 
 
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str, shape: tuple[int, int, int]) -> torch.Tensor:
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str,
+                     shape: tuple[int, int, int]) -> torch.Tensor:
     """The float32 weight [E, in, out] of experts stored as [E, out, in] MXFP4 (``shape``:
     the parameter's [E, in, out])."""
     experts, inp, out = shape

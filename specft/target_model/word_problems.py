@@ -14,7 +14,8 @@ def _add(r: random.Random):
     name, item = r.choice(NAMES), r.choice(ITEMS)
     a, b = r.randint(2, 60), r.randint(2, 40)
     q = f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?"
-    ans = f"{name} starts with {a} {item} and gets {b} more, so {name} has {a} + {b} = {a + b} {item}. The answer is {a + b}."
+    ans = (f"{name} starts with {a} {item} and gets {b} more, so {name} has {a} + {b} = {a + b} {item}. "
+           f"The answer is {a + b}.")
     return q, ans
 
 
@@ -31,7 +32,8 @@ def _mul(r: random.Random):
     name, item = r.choice(NAMES), r.choice(ITEMS)
     boxes, per = r.randint(2, 12), r.randint(2, 12)
     q = f"{name} has {boxes} boxes with {per} {item} in each box. How many {item} are there in total?"
-    ans = f"There are {boxes} boxes with {per} {item} each, so {boxes} * {per} = {boxes * per} {item}. The answer is {boxes * per}."
+    ans = (f"There are {boxes} boxes with {per} {item} each, so {boxes} * {per} = {boxes * per} {item}. "
+           f"The answer is {boxes * per}.")
     return q, ans
 
 

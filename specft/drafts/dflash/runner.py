@@ -64,7 +64,8 @@ class BlockRunner:
         def attend(i, x):
             attn = self.attns[i]
             q, kb, vb = attn.qkv(x, positions)
-            out = F.scaled_dot_product_attention(q, torch.cat([self.keys[i], kb], 2), torch.cat([self.values[i], vb], 2),
+            out = F.scaled_dot_product_attention(q, torch.cat([self.keys[i], kb], 2),
+                                                 torch.cat([self.values[i], vb], 2),
                                                  attn_mask=visible, scale=1.0 / math.sqrt(attn.c.head_dim))
             return attn.out(out)
 
