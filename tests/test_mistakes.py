@@ -174,7 +174,7 @@ def test_a_lock_waited_for_is_taken_when_its_holder_lets_go(tmp_path, monkeypatc
     takes it as soon as the holder releases it."""
     import threading
 
-    from specft import lock as lock_module
+    from specft.common import lock as lock_module
 
     waiting = threading.Event()
     monkeypatch.setattr(lock_module.log, "info", lambda msg, *args: waiting.set())
