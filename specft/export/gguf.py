@@ -115,6 +115,11 @@ def _hf_dir_from_gguf(gguf_file: Path, scratch: Path) -> Path:
     return scratch
 
 
+def draft_architectures() -> set[str]:
+    """The general.architecture values of the draft GGUFs specft writes (LLAMACPP_DRAFTS)."""
+    return {LLAMACPP_DRAFTS.get(name).architecture for name in LLAMACPP_DRAFTS.names}
+
+
 def gguf_facts(path: Path) -> dict:
     """What llama.cpp reads of a draft or target GGUF: architecture, width, vocabulary,
     and a draft's target layers, target width and draft vocabulary."""
@@ -138,7 +143,7 @@ def gguf_facts(path: Path) -> dict:
              "num_layers": field(f"{arch}.block_count"),
              "vocab_size": len(tokens.data) if tokens is not None else None,
              "pre_tokenizer": field("tokenizer.ggml.pre")}
-    if arch in ("eagle3", "dflash"):
+    if arch in draft_architectures():
         layers = field(f"{arch}.target_layers") or field(f"{arch}.extract_layers")
         facts["target_layers"] = [int(x) for x in (layers if isinstance(layers, list) else [layers])]
     if arch == "eagle3":
@@ -174,7 +179,7 @@ def check_draft_gguf(path: Path, meta: dict) -> dict:
 def check_pair(target_gguf: Path, draft_gguf: Path) -> None:
     """A draft GGUF fits a target GGUF: the same vocabulary and the width it was trained on."""
     target, draft = gguf_facts(target_gguf), gguf_facts(draft_gguf)
-    if draft.get("architecture") not in ("eagle3", "dflash"):
+    if draft.get("architecture") not in draft_architectures():
         return
     if draft.get("target_hidden_size") != target["hidden_size"]:
         raise SpecftError(f"draft {draft_gguf.name} was exported for a target of width {draft['target_hidden_size']}, "
