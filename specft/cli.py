@@ -363,6 +363,7 @@ def _export(args: list[str]) -> int:
 
     from specft.drafts.layouts import LAYOUTS
     from specft.export import QUANT_KINDS, ExportOptions, export
+    from specft.export.gguf import GGUF_VOCABULARIES
 
     parser = _draft_command_parser("specft export", "Write a trained draft in a layout serving engines load.")
     parser.add_argument("out_dir")
@@ -375,11 +376,15 @@ def _export(args: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in a non-empty OUT_DIR")
     parser.add_argument("--gguf-type", default="f16", help="--layout gguf: the draft's weights as f16 (default), "
                         "bf16, f32, q8_0 or q4_0")
+    parser.add_argument("--gguf-vocab", default="target", choices=GGUF_VOCABULARIES,
+                        help="--layout gguf: what the draft carries of the target's tokenizer: target (default; "
+                        "any llama.cpp) or none (eagle3: less server memory; llama-server -v needs "
+                        "`make llamacpp`'s patched build)")
     parser.add_argument("--target", help="--layout gguf: the target's checkpoint dir or .gguf (default: the "
                         "one the draft was trained against)")
     ns = parser.parse_args(args)
     options = ExportOptions(quant=ns.quant, target_head=ns.target_head, dtype=ns.dtype, gguf_type=ns.gguf_type,
-                            target=ns.target, overwrite=ns.overwrite)
+                            gguf_vocab=ns.gguf_vocab, target=ns.target, overwrite=ns.overwrite)
     try:
         out = export(ns.checkpoint, ns.out_dir, ns.layout, options)
     except SpecftError as err:

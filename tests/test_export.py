@@ -315,6 +315,7 @@ def test_a_latest_pointer_to_a_missing_step_is_one_line(tmp_path):
 @pytest.mark.parametrize("args, line", [
     (["--layout", "gguf", "--gguf-type", "q4_k"], "--gguf-type: llama.cpp loads a specft draft written as"),
     (["--gguf-type", "q8_0"], "--gguf-type q8_0: only --layout gguf writes GGUF weights"),
+    (["--gguf-vocab", "none"], "--gguf-vocab none: only --layout gguf writes a GGUF vocabulary"),
 ])
 def test_a_draft_gguf_type_llamacpp_cannot_load_is_one_line_and_nothing_is_written(tmp_path, args, line):
     folder, _ = _checkpoint(tmp_path)

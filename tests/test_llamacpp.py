@@ -179,6 +179,64 @@ def test_a_dflash_draft_over_part_of_the_vocabulary_is_refused_for_llamacpp(tmp_
     assert not (tmp_path / "export").exists()
 
 
+def test_a_dflash_draft_keeps_its_vocabulary_and_nothing_is_written(tmp_path):
+    """llama.cpp's DFlash drafter reads its mask token from the draft's own vocabulary:
+    --gguf-vocab none is refused for it before anything is converted."""
+    from conftest import run_cli
+
+    run_cli(["train", "model=hf", f"model.path={gguf_file('Q8_0')}", "quant=checkpoint", "draft=dflash",
+             "model.aux_layer_ids=[0,1]", "draft.vocab_size=2048", "data.num_samples=8", "trainer.max_steps=1",
+             "hydra.run.dir=run"], cwd=tmp_path)
+    out = run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf", "--gguf-vocab",
+                   "none"], cwd=tmp_path, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr
+    assert "--gguf-vocab none: llama.cpp's draft-dflash reads the draft's own vocabulary" in errors[0]
+    assert not (tmp_path / "export").exists()
+
+
+def test_a_draft_gguf_without_vocabulary_keeps_every_other_byte(tmp_path):
+    """without_vocabulary against gguf-py's own reader: the tokenizer's keys go, the
+    placeholder vocabulary declares the target's size, every other key and every tensor (F16
+    and a quantized Q4_0 one) is the same, and gguf_facts reads the size from the draft."""
+    import gguf
+
+    from specft.export.gguf import gguf_facts
+    from specft.llamacpp.convert import without_vocabulary
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "draft.gguf"
+    writer = gguf.GGUFWriter(str(src), arch="eagle3")
+    writer.add_uint32("eagle3.embedding_length", 64)
+    writer.add_array("eagle3.extract_layers", [1, 2, 3])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(300)])
+    writer.add_token_merges(["t 1", "t 2"])
+    writer.add_bos_token_id(1)
+    writer.add_tensor("fc.weight", rng.standard_normal((64, 192)).astype(np.float16))
+    q4 = gguf.quants.quantize(rng.standard_normal((64, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("blk.0.attn_q.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("d2t", np.arange(32, dtype=np.int64))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file,
+                  writer.close):
+        write()
+
+    out = without_vocabulary(src, tmp_path / "novocab.gguf")
+    before, after = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
+    assert not any(k.startswith("tokenizer.") and k != "tokenizer.ggml.model" for k in after.fields)
+    assert after.get_field("tokenizer.ggml.model").contents() == "none"
+    assert after.get_field("eagle3.vocab_size").contents() == 300
+    kept = [k for k in before.fields if not k.startswith(("GGUF.", "tokenizer."))]
+    assert all(after.get_field(k).contents() == before.get_field(k).contents() for k in kept)
+
+    def tensors(reader):
+        return {t.name: (t.tensor_type, t.shape.tolist(), t.data.tobytes()) for t in reader.tensors}
+
+    assert tensors(after) == tensors(before)
+    assert gguf_facts(out)["vocab_size"] == gguf_facts(src)["vocab_size"] == 300
+    assert out.stat().st_size < src.stat().st_size
+
+
 # -- with the real build -------------------------------------------------------------------
 
 llamacpp = pytest.mark.llamacpp
@@ -316,6 +374,38 @@ def test_two_slots_draft_what_one_slot_drafts(tmp_path):
     # other's candidates; far later, two slots may part through float sums of different batch
     # compositions (seen after 20 rounds of this random model), which is not this bug
     assert drafts[0][:12] == drafts[1][:12], drafts
+
+
+@llamacpp
+def test_a_draft_without_vocabulary_drafts_what_the_draft_with_one_drafts(tmp_path):
+    """--gguf-vocab none: llama-server loads the draft with a placeholder vocabulary and drafts
+    the same tokens, step for step, as the converter's copy with the target's vocabulary;
+    with -v, whose draft log spells each candidate, unpatched llama.cpp 11434 aborted on the
+    first draft step (GGML_ASSERT in token_to_piece; scripts/llamacpp_patches/0002-*)."""
+    from specft.export.gguf import check_pair, gguf_facts
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    from conftest import run_cli
+
+    target = gguf_file("Q4_K_M")
+    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
+             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    logs, outs = {}, {}
+    for vocab in ("target", "none"):
+        out_dir = tmp_path / f"export-{vocab}"
+        run_cli(["export", str(tmp_path / "run"), str(out_dir), "--layout", "gguf", "--gguf-vocab", vocab],
+                cwd=tmp_path)
+        draft = out_dir / "draft.gguf"
+        check_pair(target, draft)
+        assert json.loads((out_dir / "serving.json").read_text())["gguf_vocab"] == vocab
+        with LlamaServer(ServerOptions(target, draft, draft_n=3, threads=1, extra=["-v"])) as server:
+            outs[vocab] = server.complete(list(range(20, 60)), 16, stop_at_eos=False)
+            logs[vocab] = Path(server.log.name).read_text(errors="replace")
+    assert gguf_facts(tmp_path / "export-none" / "draft.gguf")["vocab_size"] == gguf_facts(target)["vocab_size"]
+    assert outs["none"]["tokens"] == outs["target"]["tokens"]
+    drafts = {vocab: _draft_candidates(log) for vocab, log in logs.items()}
+    assert drafts["none"] == drafts["target"] and len(drafts["none"][0]) >= 4, drafts
+    assert outs["none"]["timings"]["draft_n"] == outs["target"]["timings"]["draft_n"] > 0
 
 
 @llamacpp

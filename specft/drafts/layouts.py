@@ -52,6 +52,9 @@ class LlamaCppDraft:
     spec_type: str  # llama-server --spec-type
     architecture: str  # general.architecture the converter writes
     refusal: Callable[[dict], str | None]  # draft meta -> why llama.cpp cannot take it, if it cannot
+    # llama.cpp's drafter reads nothing of the draft's own vocabulary (its tokens are the
+    # target's), so the GGUF may go without the copy the converter writes (--gguf-vocab none)
+    vocabulary_optional: bool = False
 
 
 # specft draft architecture -> how llama.cpp takes it, registered by the draft's folder

@@ -35,16 +35,22 @@ DRAFT_FILE = "draft.gguf"
 # would silently fall back per tensor, and they are not offered.
 GGUF_TYPES = {"f32": ("f32", None), "f16": ("f16", None), "bf16": ("bf16", None), "q8_0": ("q8_0", None),
               "q4_0": ("f16", "Q4_0")}
+# what the draft GGUF carries of the target's tokenizer: target (the converter's copy, which any
+# llama.cpp reads) or none (a placeholder vocabulary of the target's size: ~11 MB less server
+# memory for SmolLM2's 49,152 tokens; llama-server -v needs specft's llama.cpp patch 0002)
+GGUF_VOCABULARIES = ("target", "none")
 
 
 def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path | None = None,
-                overwrite: bool = False, gguf_type: str = "f16") -> Path:
+                overwrite: bool = False, gguf_type: str = "f16", vocabulary: str = "target") -> Path:
     from specft.eval.drafts import load_draft, resolve_checkpoint
-    from specft.llamacpp.convert import hf_to_gguf, quantize
+    from specft.llamacpp.convert import hf_to_gguf, quantize, without_vocabulary
 
     if gguf_type not in GGUF_TYPES:
         raise SpecftError(f"--gguf-type: llama.cpp loads a specft draft written as {', '.join(GGUF_TYPES)}; got "
                           f"{gguf_type!r} (the 256-wide K- and i-quants do not divide the draft's widths)")
+    if vocabulary not in GGUF_VOCABULARIES:
+        raise SpecftError(f"--gguf-vocab: one of {', '.join(GGUF_VOCABULARIES)}; got {vocabulary!r}")
     folder = resolve_checkpoint(checkpoint, "checkpoint")
     out = check_out_dir(Path(out_dir).expanduser(), overwrite)
     _, draft_config = load_draft(folder, field="checkpoint")
@@ -57,6 +63,9 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
     reason = kind.refusal(meta)
     if reason:
         raise SpecftError(f"--layout gguf: {reason}")
+    if vocabulary == "none" and not kind.vocabulary_optional:
+        raise SpecftError(f"--gguf-vocab none: llama.cpp's {kind.spec_type} reads the draft's own vocabulary; "
+                          "export this draft with --gguf-vocab target")
     with tempfile.TemporaryDirectory(prefix="specft-gguf-") as tmp:
         tmp = Path(tmp)
         hf = export_draft(folder, tmp / "hf", layout=kind.hf_layout, quant="none", dtype="float32")
@@ -67,6 +76,8 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
                                pre_tokenizer=pre_tokenizer)
         if requantize:
             converted = quantize(converted, tmp / f"{requantize}-{DRAFT_FILE}", requantize)
+        if vocabulary == "none":
+            converted = without_vocabulary(converted, tmp / f"novocab-{DRAFT_FILE}")
         facts = check_draft_gguf(converted, meta)
         with sibling_lock(out, "out_dir", "specft export"):
             check_out_dir(out, overwrite)
@@ -76,7 +87,7 @@ def export_gguf(checkpoint: str | Path, out_dir: str | Path, target: str | Path 
             os.chmod(staged, 0o644)
             os.replace(staged, out / DRAFT_FILE)
             (out / "serving.json").write_text(json.dumps({"spec_type": kind.spec_type, "gguf_type": gguf_type,
-                                                          **facts}, indent=2))
+                                                          "gguf_vocab": vocabulary, **facts}, indent=2))
     log.info("export: gguf draft (%s) -> %s", kind.spec_type, out / DRAFT_FILE)
     return out
 
@@ -139,9 +150,10 @@ def gguf_facts(path: Path) -> dict:
     arch = field("general.architecture")
     tensors = {t.name: t for t in reader.tensors}
     tokens = reader.get_field("tokenizer.ggml.tokens")
+    # a draft without a vocabulary of its own declares the size of its placeholder one
     facts = {"architecture": arch, "hidden_size": field(f"{arch}.embedding_length"),
              "num_layers": field(f"{arch}.block_count"),
-             "vocab_size": len(tokens.data) if tokens is not None else None,
+             "vocab_size": len(tokens.data) if tokens is not None else field(f"{arch}.vocab_size"),
              "pre_tokenizer": field("tokenizer.ggml.pre")}
     if arch in draft_architectures():
         layers = field(f"{arch}.target_layers") or field(f"{arch}.extract_layers")

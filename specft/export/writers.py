@@ -20,6 +20,7 @@ class ExportOptions:
     target_head: str | None = None  # safetensors: the cache's target_head.safetensors (mtp, reduced vocab)
     dtype: str = "bfloat16"  # safetensors: the unquantized tensors' dtype
     gguf_type: str = "f16"  # gguf: the draft's weight type
+    gguf_vocab: str = "target"  # gguf: target (the tokenizer's copy) or none (export/gguf.py GGUF_VOCABULARIES)
     target: str | None = None  # gguf: the target checkpoint or .gguf whose vocabulary the draft carries
     overwrite: bool = False
 
@@ -29,7 +30,7 @@ def _write_safetensors(checkpoint, out_dir, layout: str, o: ExportOptions) -> Pa
 
 
 def _write_gguf(checkpoint, out_dir, layout: str, o: ExportOptions) -> Path:
-    return export_gguf(checkpoint, out_dir, o.target, o.overwrite, o.gguf_type)
+    return export_gguf(checkpoint, out_dir, o.target, o.overwrite, o.gguf_type, o.gguf_vocab)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class Writer:
 
 
 WRITERS = {"safetensors": Writer(_write_safetensors),
-           "gguf": Writer(_write_gguf, {"gguf_type": "--gguf-type {}: only --layout gguf writes GGUF weights"})}
+           "gguf": Writer(_write_gguf, {"gguf_type": "--gguf-type {}: only --layout gguf writes GGUF weights",
+                                        "gguf_vocab": "--gguf-vocab {}: only --layout gguf writes a GGUF vocabulary"})}
 
 
 def export(checkpoint: str | Path, out_dir: str | Path, layout: str = "eagle3",

@@ -114,3 +114,35 @@ def flat_imatrix(f32: Path, out: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def without_vocabulary(draft_gguf: Path, out_file: Path) -> Path:
+    """A copy of a draft GGUF without the target's tokenizer, which the converter copies into
+    every draft: ``tokenizer.ggml.model`` "none" and ``<arch>.vocab_size`` the target's, which
+    llama.cpp loads as a vocabulary of that many placeholder tokens (no strings, no merges:
+    docs/serving.md, "Where the draft's memory goes"). Every other key and every tensor is
+    copied byte for byte, through gguf-py (llama.cpp's own GGUF library)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(draft_gguf))
+    arch = reader.get_field("general.architecture").contents()
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    vocab_size = reader.get_field(f"{arch}.vocab_size")
+    writer = gguf.GGUFWriter(str(out_file), arch=arch)
+    for key, f in reader.fields.items():
+        if key.startswith(("GGUF.", "tokenizer.")) or key == "general.architecture":
+            continue
+        writer.add_key_value(key, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
+    writer.add_tokenizer_model("none")
+    if vocab_size is None:
+        if tokens is None:
+            raise SpecftError(f"{draft_gguf} has neither a vocabulary nor {arch}.vocab_size; the draft cannot go "
+                              "without one")
+        writer.add_vocab_size(len(tokens.data))
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return _check_written(out_file, "gguf-py")

@@ -49,4 +49,5 @@ def _llamacpp_refusal(meta: dict) -> str | None:
     return None
 
 
+# llama.cpp's DFlash drafter reads its mask token from the draft's own vocabulary: it keeps it.
 LLAMACPP_DRAFTS.register("dflash")(LlamaCppDraft("dflash", "draft-dflash", "dflash", _llamacpp_refusal))

@@ -76,4 +76,7 @@ def _llamacpp_refusal(meta: dict) -> str | None:
     return None
 
 
-LLAMACPP_DRAFTS.register("eagle3")(LlamaCppDraft("eagle3", "draft-eagle3", "eagle3", _llamacpp_refusal))
+# common/speculative.cpp's EAGLE-3 drafter samples target token ids (the graph applies d2t) and,
+# with specft's patch 0002, spells them with the target's vocabulary: the draft needs none.
+LLAMACPP_DRAFTS.register("eagle3")(LlamaCppDraft("eagle3", "draft-eagle3", "eagle3", _llamacpp_refusal,
+                                                 vocabulary_optional=True))
