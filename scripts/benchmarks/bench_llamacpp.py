@@ -81,13 +81,15 @@ def cpu_seconds(pid: int) -> float:
 
 
 def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[list[int]], max_new_tokens: int,
-          threads: int, spec_type: str = "draft-eagle3", extra: list[str] | None = None, p_min: float = 0.0) -> dict:
+          threads: int, spec_type: str = "draft-eagle3", extra: list[str] | None = None, p_min: float = 0.0,
+          ctx_per_slot: int | None = None) -> dict:
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
     if isinstance(draft, str) and draft.startswith(NGRAM):
         draft, spec_type = None, draft.removeprefix(NGRAM)
     options = ServerOptions(target, draft, spec_type=spec_type, draft_n=k, slots=slots, threads=threads, p_min=p_min,
-                            ctx_per_slot=max(map(len, prompts)) + max_new_tokens + 16, extra=list(extra or []))
+                            ctx_per_slot=ctx_per_slot or max(map(len, prompts)) + max_new_tokens + 16,
+                            extra=list(extra or []))
     with LlamaServer(options) as server:
         server.complete(prompts[0], 8)  # warm-up
         cpu_start, start = cpu_seconds(server.process.pid), time.perf_counter()
@@ -152,6 +154,10 @@ def main() -> None:
                     "the target's: its compute buffer grows with it; docs/serving.md)")
     ap.add_argument("--batch", type=int, default=None, help="llama-server -b (the logical batch: the draft "
                     "context sizes its buffers by it too; with --ubatch 32, -b 32 keeps the draft's memory lowest)")
+    ap.add_argument("--ctx-per-slot", type=int, default=None, help="llama-server's context per slot (-c is "
+                    "this times the slots); default: the longest prompt and its answer, the least a run needs. "
+                    "The target's KV grows with it, the draft's one-layer KV little: a user's context (2048) "
+                    "makes the draft's share of the memory smaller than the tight default")
     ap.add_argument("--reference-target", default=None, help="a --targets NAME: every other target's "
                     "acceptance is also compared with each draft's on it (what a type costs a draft)")
     ap.add_argument("--acceptance-only", action="store_true", help="serve no target alone (what each type "
@@ -190,7 +196,7 @@ def main() -> None:
         for slots in args.slots:
             for t, d, k in configs:
                 r = serve(Path(targets[t]), drafts[d] if d else None, k, slots, prompts, args.max_new_tokens,
-                          args.threads, extra=batch_flags(args), p_min=args.p_min)
+                          args.threads, extra=batch_flags(args), p_min=args.p_min, ctx_per_slot=args.ctx_per_slot)
                 runs.setdefault((t, d, k, slots), []).append(r)
                 print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
                       + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
@@ -205,6 +211,7 @@ def main() -> None:
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "ubatch": args.ubatch,
+              "ctx_per_slot": args.ctx_per_slot,
               "batch": args.batch,
               "p_min": args.p_min,
               "targets": targets,
