@@ -18,7 +18,10 @@ llama.cpp's counter) exceeds
   prompt processing (its CPU time less V(1) per token it generated), less V(k+1) per round,
   over k drafted tokens per round. It holds all the draft's work (its steps, its encoder
   and KV writes on every verify and on the prompt) and the server's per-round bookkeeping.
-  Rows without CPU time or without a target-alone row are skipped.
+  Rows without CPU time or without a target-alone row are skipped. llama-bench computes one
+  row of logits per decode where a verify pass computes k+1, so D here also holds the
+  verify's other k rows of the output head (on SmolLM2 ~0.22 V(1) each) and is an upper
+  bound: profile_llamacpp.py splits a round inside the server by kernel (docs/serving.md).
 
 Prints the tables and writes round_cost.json.
 
