@@ -80,6 +80,12 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
+def tight_context(prompts: list[list[int]], max_new_tokens: int) -> int:
+    """The least context per slot a run needs: its longest prompt and answer (the target's KV,
+    and so the target alone's memory, smallest)."""
+    return max(map(len, prompts)) + max_new_tokens + 16
+
+
 def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[list[int]], max_new_tokens: int,
           threads: int, spec_type: str = "draft-eagle3", extra: list[str] | None = None, p_min: float = 0.0,
           ctx_per_slot: int | None = None) -> dict:
@@ -88,7 +94,7 @@ def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[li
     if isinstance(draft, str) and draft.startswith(NGRAM):
         draft, spec_type = None, draft.removeprefix(NGRAM)
     options = ServerOptions(target, draft, spec_type=spec_type, draft_n=k, slots=slots, threads=threads, p_min=p_min,
-                            ctx_per_slot=ctx_per_slot or max(map(len, prompts)) + max_new_tokens + 16,
+                            ctx_per_slot=ctx_per_slot or tight_context(prompts, max_new_tokens),
                             extra=list(extra or []))
     with LlamaServer(options) as server:
         server.complete(prompts[0], 8)  # warm-up

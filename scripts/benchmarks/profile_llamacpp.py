@@ -57,12 +57,12 @@ def grouped(symbols: list[tuple[float, str]], groups: list[tuple[str, re.Pattern
 
 def profile(target: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new_tokens: int,
             extra: list[str], data: Path) -> dict:
-    from bench_llamacpp import cpu_seconds
+    from bench_llamacpp import cpu_seconds, tight_context
 
     from specft.llamacpp.server import LlamaServer, ServerOptions
 
     options = ServerOptions(target, draft, draft_n=k, threads=1,
-                            ctx_per_slot=max(map(len, prompts)) + max_new_tokens + 16, extra=extra)
+                            ctx_per_slot=tight_context(prompts, max_new_tokens), extra=extra)
     with LlamaServer(options) as server:
         server.complete(prompts[0], 8)  # warm-up
         pid = server.process.pid

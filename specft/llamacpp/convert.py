@@ -91,6 +91,14 @@ def quantize(f16_gguf: Path, out_file: Path, kind: str, threads: int = 2, tensor
     return _check_written(out_file, f"llama-quantize {kind}")
 
 
+def _write_out(writer) -> None:
+    """gguf-py's GGUFWriter to its file: header, keys, tensors, in the order the format needs."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def flat_imatrix(f32: Path, out: Path) -> Path:
     """An importance matrix that weighs every input column alike (llama.cpp's GGUF imatrix
     layout: ``<tensor>.in_sum2`` and ``<tensor>.counts`` per weight). The 2- and 3-bit i-quants
@@ -109,10 +117,7 @@ def flat_imatrix(f32: Path, out: Path) -> Path:
             columns = int(tensor.shape[0])
             writer.add_tensor(f"{tensor.name}.in_sum2", np.ones(columns, dtype=np.float32))
             writer.add_tensor(f"{tensor.name}.counts", np.ones(1, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write_out(writer)
     return out
 
 
@@ -141,8 +146,5 @@ def without_vocabulary(draft_gguf: Path, out_file: Path) -> Path:
         writer.add_vocab_size(len(tokens.data))
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write_out(writer)
     return _check_written(out_file, "gguf-py")
