@@ -136,9 +136,18 @@ def summarize(name: str, runs: list[dict]) -> dict:
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "runs": runs}
 
 
-def batch_flags(args) -> list[str] | None:
-    """llama-server's -ub / -b as given (the draft context takes the target's)."""
-    flags = (["-ub", str(args.ubatch)] if args.ubatch else []) + (["-b", str(args.batch)] if args.batch else [])
+def effective_batch(batch: int | None, slots: int, k: int) -> int | None:
+    """-b as given, raised to slots * (k + 1) where it is lower: llama-server verifies every
+    slot's sampled token and draft in one batch of -b tokens, so a smaller -b lets fewer than
+    `slots` sequences draft in a round (-b 32 at k=3: 8 of 16) and, unpatched, aborted the
+    server when a draft overflowed it (scripts/llamacpp_patches/0003-*, docs/serving.md)."""
+    return max(batch, slots * (k + 1)) if batch else None
+
+
+def batch_flags(args, slots: int, k: int) -> list[str] | None:
+    """llama-server's -ub / -b (the draft context takes the target's)."""
+    batch = effective_batch(args.batch, slots, k)
+    flags = (["-ub", str(args.ubatch)] if args.ubatch else []) + (["-b", str(batch)] if batch else [])
     return flags or None
 
 
@@ -159,7 +168,8 @@ def main() -> None:
     ap.add_argument("--ubatch", type=int, default=None, help="llama-server -ub (the draft context takes "
                     "the target's: its compute buffer grows with it; docs/serving.md)")
     ap.add_argument("--batch", type=int, default=None, help="llama-server -b (the logical batch: the draft "
-                    "context sizes its buffers by it too; with --ubatch 32, -b 32 keeps the draft's memory lowest)")
+                    "context sizes its buffers by it too; with --ubatch 32, -b 32 keeps the draft's memory lowest); "
+                    "raised to slots * (k + 1) where lower, so every slot drafts every round")
     ap.add_argument("--ctx-per-slot", type=int, default=None, help="llama-server's context per slot (-c is "
                     "this times the slots); default: the longest prompt and its answer, the least a run needs. "
                     "The target's KV grows with it, the draft's one-layer KV little: a user's context (2048) "
@@ -202,7 +212,9 @@ def main() -> None:
         for slots in args.slots:
             for t, d, k in configs:
                 r = serve(Path(targets[t]), drafts[d] if d else None, k, slots, prompts, args.max_new_tokens,
-                          args.threads, extra=batch_flags(args), p_min=args.p_min, ctx_per_slot=args.ctx_per_slot)
+                          args.threads, extra=batch_flags(args, slots, k), p_min=args.p_min,
+                          ctx_per_slot=args.ctx_per_slot)
+                r["batch"] = effective_batch(args.batch, slots, k)
                 runs.setdefault((t, d, k, slots), []).append(r)
                 print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
                       + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
@@ -243,10 +255,16 @@ def add_comparisons(result: dict) -> None:
     rows = result["rows"]
     index = {(r["target"], r["draft"], r["k"], r["slots"]): r for r in rows}
     for row in rows:
+        alone = index.get((row["target"], "alone", 0, row["slots"]))
+        row["cpu_speedup_vs_alone"] = row.get("tok_cpu_s_median", float("nan")) / alone["tok_cpu_s_median"] \
+            if alone else float("nan")
         if row["draft"] == "alone":
             continue
         ref = index[(row["target"], result["reference"], row["k"], row["slots"])]
         row["speed_vs_reference"] = row["tok_s_median"] / ref["tok_s_median"]
+        # per CPU-second of the one-thread server: what a configuration costs, whatever else runs
+        row["cpu_speed_vs_reference"] = row.get("tok_cpu_s_median", float("nan")) / ref.get("tok_cpu_s_median",
+                                                                                            float("nan"))
         row["rss_vs_reference"] = row["peak_rss_mb"] / ref["peak_rss_mb"]
         row["acceptance_ci"] = confidence(per_prompt(row), seed=0)["acceptance_rate_ci"]
         if row is not ref:
@@ -277,8 +295,9 @@ def type_cost_table(result: dict) -> str:
 
 
 def table(result: dict) -> str:
-    lines = ["| target | draft | k | slots | tok/s min / median / max | tok per CPU-s | x alone | x recipe | "
-             "acceptance [95% CI] | acceptance - recipe [95% CI] | peak RSS MB | RSS x alone |",
+    nan = float("nan")
+    lines = ["| target | draft | k | slots | tok/s min / median / max | tok per CPU-s | x alone (wall / CPU) | "
+             "x recipe (wall / CPU) | acceptance [95% CI] | acceptance - recipe [95% CI] | peak RSS MB | RSS x alone |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         acc, diff = "-", "-"
@@ -291,7 +310,9 @@ def table(result: dict) -> str:
         lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
                      f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r.get('tok_cpu_s_median', float('nan')):.1f} "
                      "| "
-                     f"{r['speedup_vs_alone']:.2f} | {r.get('speed_vs_reference', float('nan')):.3f} | {acc} | {diff} "
+                     f"{r['speedup_vs_alone']:.2f} / {r.get('cpu_speedup_vs_alone', nan):.2f} | "
+                     f"{r.get('speed_vs_reference', nan):.3f} / {r.get('cpu_speed_vs_reference', nan):.3f} | "
+                     f"{acc} | {diff} "
                      "| "
                      f"{r['peak_rss_mb']:.0f} | {r['rss_vs_alone']:.3f} |")
     return "\n".join(lines)
