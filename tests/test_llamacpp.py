@@ -40,6 +40,22 @@ def test_a_build_for_instructions_this_cpu_lacks_is_refused(tmp_path, monkeypatc
         install.check_install(root)
 
 
+def test_a_build_from_before_one_of_specfts_patches_is_refused_until_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setattr(install, "machine_isa", lambda: {"AVX", "AVX2"})
+    patches = sorted(p.name for p in install.PATCH_DIR.glob("*.patch"))
+    assert len(patches) >= 3
+    root = _fake_install(tmp_path / "p")
+    record = json.loads((root / "install.json").read_text())
+    (root / "install.json").write_text(json.dumps({**record, "patches": [f"{n}:0" for n in patches[:-1]]}))
+    with pytest.raises(SpecftError) as err:
+        install.check_install(root)
+    assert str(err.value).count("\n") == 0
+    assert f"was built without specft's patch {patches[-1]} (added since); rebuild it" in str(err.value)
+    assert "bash scripts/install_llamacpp.sh" in str(err.value)
+    (root / "install.json").write_text(json.dumps({**record, "patches": [f"{n}:0" for n in patches]}))
+    assert install.check_install(root) == root
+
+
 def test_a_server_without_eagle3_drafts_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(install, "machine_isa", lambda: {"AVX", "AVX2"})
     root = _fake_install(tmp_path / "p", help_text="--spec-type ngram")
@@ -237,6 +253,45 @@ def test_a_draft_gguf_without_vocabulary_keeps_every_other_byte(tmp_path):
     assert out.stat().st_size < src.stat().st_size
 
 
+def _bench_script():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "benchmarks"))
+    import bench_llamacpp
+
+    return bench_llamacpp
+
+
+def test_the_bench_gives_every_slot_room_to_draft_in_a_round():
+    bench = _bench_script()
+    assert bench.effective_batch(32, 1, 3) == 32  # one slot: -b 32 as given (the draft's memory lowest)
+    assert bench.effective_batch(32, 16, 3) == 64  # 16 slots of 1 + 3 tokens
+    assert bench.effective_batch(96, 16, 4) == 96
+    assert bench.effective_batch(None, 16, 5) is None  # llama-server's own -b (2048)
+
+
+def test_the_bench_compares_speeds_per_cpu_second_beside_wall_time(tmp_path):
+    """On a busy machine wall time is shared with other jobs and CPU time is not: the two
+    ratios are computed from their own columns (here they differ on purpose)."""
+    bench = _bench_script()
+
+    def run(wall_tps, cpu_tps, drafted=0, accepted=0):
+        return {"tokens_per_s": wall_tps, "tokens_per_cpu_s": cpu_tps, "drafted": drafted, "accepted": accepted,
+                "peak_rss_mb": 100.0, "per_prompt_drafted_accepted": [[drafted // 2, accepted // 2]] * 2}
+
+    rows = []
+    for draft, k, (wall, cpu, d, a) in [("alone", 0, (50.0, 100.0, 0, 0)), ("base", 3, (40.0, 60.0, 30, 6)),
+                                        ("ours", 3, (20.0, 75.0, 30, 12))]:
+        runs = [run(wall, cpu, d, a)]
+        rows.append({"target": "t", "draft": draft, "k": k, "slots": 1, **bench.summarize(draft, runs),
+                     "speedup_vs_alone": wall / 50.0, "rss_vs_alone": 1.0})
+    bench.write({"reference": "base", "rows": rows}, tmp_path)
+    ours = json.loads((tmp_path / "bench_llamacpp.json").read_text())["rows"][2]
+    assert ours["speed_vs_reference"] == pytest.approx(0.5) and ours["cpu_speed_vs_reference"] == pytest.approx(1.25)
+    assert ours["cpu_speedup_vs_alone"] == pytest.approx(0.75)
+    assert "| 0.40 / 0.75 | 0.500 / 1.250 |" in (tmp_path / "bench_llamacpp.md").read_text()
+
+
 # -- with the real build -------------------------------------------------------------------
 
 llamacpp = pytest.mark.llamacpp
@@ -406,6 +461,34 @@ def test_a_draft_without_vocabulary_drafts_what_the_draft_with_one_drafts(tmp_pa
     drafts = {vocab: _draft_candidates(log) for vocab, log in logs.items()}
     assert drafts["none"] == drafts["target"] and len(drafts["none"][0]) >= 4, drafts
     assert outs["none"]["timings"]["draft_n"] == outs["target"]["timings"]["draft_n"] > 0
+
+
+@llamacpp
+def test_a_draft_longer_than_the_batch_room_is_cut_to_it(tmp_path):
+    """llama-server verifies each slot's sampled token and draft in one batch of -b tokens.
+    ngram-simple drafts the up-to-48 tokens that followed the last one where it last occurred
+    (--spec-ngram-simple-size-n 1), whatever --spec-draft-n-max says; with -b 16 that
+    overflowed the batch and unpatched llama.cpp 11434 aborted (GGML_ASSERT(add_ok) in
+    handle_last_sampled_token; scripts/llamacpp_patches/0003-*). The prompt holds every token
+    of the fixture's 2,048 once, so nearly every sampled token has a long continuation to
+    draft; two slots share the batch, as at 16 slots with k+1 tokens each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    target = gguf_file("Q4_K_M")
+    prompt = list(range(2048))
+    options = ServerOptions(target, None, spec_type="ngram-simple", draft_n=3, slots=2, threads=1,
+                            ctx_per_slot=2048 + 64, extra=["--spec-ngram-simple-size-n", "1", "-b", "16", "-ub", "16"])
+    with LlamaServer(options) as server:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            outs = list(pool.map(lambda ids: server.complete(ids, 24, stop_at_eos=False), [prompt, prompt]))
+        alive = server.process.poll() is None
+    assert alive and [len(o["tokens"]) for o in outs] == [24, 24], server.log_tail()
+    assert outs[0]["tokens"] == outs[1]["tokens"]
+    # drafts were made, each cut to what the 16-token batch had left beside the other slot
+    drafted = [o["timings"].get("draft_n", 0) for o in outs]
+    assert sum(drafted) > 0, outs
 
 
 @llamacpp

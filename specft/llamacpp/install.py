@@ -15,6 +15,8 @@ from specft.common.paths import specft_home
 
 INSTALL_COMMAND = "bash scripts/install_llamacpp.sh"
 SPEC_TYPE = "draft-eagle3"  # the llama-server option a build must know to serve specft's drafts
+# specft's fixes to llama.cpp, in a source checkout (a wheel ships none, and checks none)
+PATCH_DIR = Path(__file__).resolve().parents[2] / "scripts" / "llamacpp_patches"
 
 
 def prefix() -> Path:
@@ -66,6 +68,10 @@ def check_install(root: Path | None = None) -> Path:
     lacking = sorted(set(str(record.get("isa", "")).split()) - machine_isa())
     if lacking:
         raise _missing(f"{root} was built for {', '.join(lacking)}, which this CPU lacks; rebuild it here")
+    stale = missing_patches(record)
+    if stale:
+        raise _missing(f"{root} was built without specft's patch {', '.join(stale)} (added since); rebuild it "
+                       "(only what the patch touches recompiles)")
     server = root / "bin" / "llama-server"
     if not server.exists():
         raise _missing(f"{server} is missing")
@@ -76,6 +82,16 @@ def check_install(root: Path | None = None) -> Path:
     if SPEC_TYPE not in help_text:
         raise _missing(f"{server} is too old: it has no --spec-type {SPEC_TYPE}")
     return root
+
+
+def missing_patches(record: dict, patch_dir: Path = PATCH_DIR) -> list[str]:
+    """specft's llama.cpp patches this checkout has and a build's install.json does not list
+    (a build from before a patch was added runs the bug it fixes). A record without a patch
+    list (made by hand, or before patches were recorded) is not judged."""
+    if "patches" not in record or not patch_dir.is_dir():
+        return []
+    built = {str(entry).split(":", 1)[0] for entry in record["patches"]}
+    return sorted(p.name for p in patch_dir.glob("*.patch") if p.name not in built)
 
 
 def binary(name: str) -> Path:
