@@ -485,8 +485,8 @@ def test_a_draft_longer_than_the_batch_room_is_cut_to_it(tmp_path):
             outs = list(pool.map(lambda ids: server.complete(ids, 24, stop_at_eos=False), [prompt, prompt]))
         alive = server.process.poll() is None
     assert alive and [len(o["tokens"]) for o in outs] == [24, 24], server.log_tail()
-    assert outs[0]["tokens"] == outs[1]["tokens"]
     # drafts were made, each cut to what the 16-token batch had left beside the other slot
+    # (the two answers may part: this random model's near-ties break by batch composition)
     drafted = [o["timings"].get("draft_n", 0) for o in outs]
     assert sum(drafted) > 0, outs
 
