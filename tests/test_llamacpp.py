@@ -492,6 +492,34 @@ def test_a_draft_longer_than_the_batch_room_is_cut_to_it(tmp_path):
 
 
 @llamacpp
+def test_slots_whose_drafts_fit_the_batch_all_draft_every_round(tmp_path):
+    """Four slots of k+1 = 4 tokens fill -b 16 exactly: each must draft k tokens every round
+    (but the last, cut by the tokens left), as before patch 0003. A room computed from the
+    context's bound instead of the drafter's k let the first slot take it all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specft.llamacpp.server import LlamaServer, ServerOptions
+
+    from conftest import run_cli
+
+    target = gguf_file("Q4_K_M")
+    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
+             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
+    new_tokens, k = 24, 3
+    with LlamaServer(ServerOptions(target, tmp_path / "export" / "draft.gguf", draft_n=k, slots=4, threads=1,
+                                   extra=["-b", "16", "-ub", "16"])) as server:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            outs = list(pool.map(lambda ids: server.complete(ids, new_tokens, stop_at_eos=False),
+                                 [list(range(20, 60))] * 4))
+    for out in outs:
+        assert len(out["tokens"]) == new_tokens
+        # the first token comes from the prompt, then each round gives one token and its accepted ones
+        rounds = new_tokens - 1 - out["timings"]["draft_n_accepted"]
+        assert out["timings"]["draft_n"] >= k * rounds - 2 * k, [o["timings"] for o in outs]
+
+
+@llamacpp
 def test_a_qwen3_layer_draft_is_refused_and_nothing_is_written(tmp_path):
     from conftest import run_cli
 
