@@ -276,8 +276,11 @@ def test_the_bench_compares_speeds_per_cpu_second_beside_wall_time(tmp_path):
     bench = _bench_script()
 
     def run(wall_tps, cpu_tps, drafted=0, accepted=0):
+        # two requests of 60 decoded tokens, taking 1000 ms per request at cpu_tps = 60
+        decode_ms = 1000.0 * 60.0 / cpu_tps
         return {"tokens_per_s": wall_tps, "tokens_per_cpu_s": cpu_tps, "drafted": drafted, "accepted": accepted,
-                "peak_rss_mb": 100.0, "per_prompt_drafted_accepted": [[drafted // 2, accepted // 2]] * 2}
+                "peak_rss_mb": 100.0, "per_prompt_drafted_accepted": [[drafted // 2, accepted // 2]] * 2,
+                "per_prompt_decode_tokens_ms": [[60, decode_ms], [60, decode_ms]]}
 
     rows = []
     for draft, k, (wall, cpu, d, a) in [("alone", 0, (50.0, 100.0, 0, 0)), ("base", 3, (40.0, 60.0, 30, 6)),
@@ -289,7 +292,9 @@ def test_the_bench_compares_speeds_per_cpu_second_beside_wall_time(tmp_path):
     ours = json.loads((tmp_path / "bench_llamacpp.json").read_text())["rows"][2]
     assert ours["speed_vs_reference"] == pytest.approx(0.5) and ours["cpu_speed_vs_reference"] == pytest.approx(1.25)
     assert ours["cpu_speedup_vs_alone"] == pytest.approx(0.75)
-    assert "| 0.40 / 0.75 | 0.500 / 1.250 |" in (tmp_path / "bench_llamacpp.md").read_text()
+    # each request's decode: 120 tokens in 2 x 800 ms against 2 x 1000 ms
+    assert ours["decode_tok_s"] == pytest.approx(75.0) and ours["decode_speed_vs_reference"] == pytest.approx(1.25)
+    assert "| 75.0 (1.250) | 0.40 / 0.75 | 0.500 / 1.250 |" in (tmp_path / "bench_llamacpp.md").read_text()
 
 
 # -- with the real build -------------------------------------------------------------------

@@ -111,7 +111,21 @@ def serve(target: Path, draft: Path | None, k: int, slots: int, prompts: list[li
             "accepted": sum(o["timings"].get("draft_n_accepted", 0) for o in outs),
             "peak_rss_mb": rss, "per_prompt_tokens": generated,
             "per_prompt_drafted_accepted": [[o["timings"].get("draft_n", 0), o["timings"].get("draft_n_accepted", 0)]
+                                            for o in outs],
+            # llama-server's own split of each request: its prompt's processing, then its
+            # decode (the tokens after the first and the wall time they took, other slots' work
+            # included): the decode is what a draft changes, the prompt's share is the same for all
+            "per_prompt_decode_tokens_ms": [[o["timings"].get("predicted_n", 0), o["timings"].get("predicted_ms", 0.0)]
                                             for o in outs]}
+
+
+def decode_tokens_per_s(runs: list[dict]) -> float:
+    """Generated tokens per second of each request's own decode, over all requests and runs
+    (1 / time per output token): at one slot the server's decode speed, at several the
+    speed each request sees under the others' load. Runs saved before it was kept: nan."""
+    pairs = [pair for run in runs for pair in run.get("per_prompt_decode_tokens_ms", [])]
+    milliseconds = sum(ms for _, ms in pairs)
+    return 1000.0 * sum(n for n, _ in pairs) / milliseconds if milliseconds > 0 else float("nan")
 
 
 def load_prompts(run: Path, num: int, overrides: list[str]) -> list[list[int]]:
@@ -130,7 +144,7 @@ def summarize(name: str, runs: list[dict]) -> dict:
     drafted, accepted = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
     per_cpu_s = [r.get("tokens_per_cpu_s", float("nan")) for r in runs]  # runs saved before it was counted: nan
     return {"config": name, "tok_s_min": min(speeds), "tok_s_median": statistics.median(speeds),
-            "tok_cpu_s_median": statistics.median(per_cpu_s),
+            "tok_cpu_s_median": statistics.median(per_cpu_s), "decode_tok_s": decode_tokens_per_s(runs),
             "tok_s_max": max(speeds), "drafted": drafted, "accepted": accepted,
             "acceptance": accepted / drafted if drafted else None,
             "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "runs": runs}
@@ -265,6 +279,8 @@ def add_comparisons(result: dict) -> None:
         # per CPU-second of the one-thread server: what a configuration costs, whatever else runs
         row["cpu_speed_vs_reference"] = row.get("tok_cpu_s_median", float("nan")) / ref.get("tok_cpu_s_median",
                                                                                             float("nan"))
+        row["decode_speed_vs_reference"] = row.get("decode_tok_s", float("nan")) / ref.get("decode_tok_s",
+                                                                                           float("nan"))
         row["rss_vs_reference"] = row["peak_rss_mb"] / ref["peak_rss_mb"]
         row["acceptance_ci"] = confidence(per_prompt(row), seed=0)["acceptance_rate_ci"]
         if row is not ref:
@@ -296,9 +312,10 @@ def type_cost_table(result: dict) -> str:
 
 def table(result: dict) -> str:
     nan = float("nan")
-    lines = ["| target | draft | k | slots | tok/s min / median / max | tok per CPU-s | x alone (wall / CPU) | "
-             "x recipe (wall / CPU) | acceptance [95% CI] | acceptance - recipe [95% CI] | peak RSS MB | RSS x alone |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target | draft | k | slots | tok/s min / median / max | tok per CPU-s | decode tok/s per request "
+             "(x recipe) | x alone (wall / CPU) | x recipe (wall / CPU) | acceptance [95% CI] | "
+             "acceptance - recipe [95% CI] | peak RSS MB | RSS x alone |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         acc, diff = "-", "-"
         if r["acceptance"] is not None:
@@ -308,8 +325,8 @@ def table(result: dict) -> str:
             d, lo, hi = r["acceptance_vs_reference"]
             diff = f"{100 * d:+.1f} pts [{100 * lo:+.1f}, {100 * hi:+.1f}]"
         lines.append(f"| {r['target']} | {r['draft']} | {r['k'] or '-'} | {r['slots']} | {r['tok_s_min']:.1f} / "
-                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r.get('tok_cpu_s_median', float('nan')):.1f} "
-                     "| "
+                     f"{r['tok_s_median']:.1f} / {r['tok_s_max']:.1f} | {r.get('tok_cpu_s_median', nan):.1f} | "
+                     f"{r.get('decode_tok_s', nan):.1f} ({r.get('decode_speed_vs_reference', nan):.3f}) | "
                      f"{r['speedup_vs_alone']:.2f} / {r.get('cpu_speedup_vs_alone', nan):.2f} | "
                      f"{r.get('speed_vs_reference', nan):.3f} / {r.get('cpu_speed_vs_reference', nan):.3f} | "
                      f"{acc} | {diff} "
