@@ -376,8 +376,7 @@ def test_a_draft_trained_on_a_gguf_exports_and_llama_server_speculates_with_it(t
     from conftest import run_cli
 
     target = gguf_file("Q4_K_M")
-    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
-             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    _train_tiny_draft(target, tmp_path)
     run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf", "--gguf-type", gguf_type],
             cwd=tmp_path)
     drafts = list((tmp_path / "export").glob("*.gguf"))
@@ -392,6 +391,15 @@ def test_a_draft_trained_on_a_gguf_exports_and_llama_server_speculates_with_it(t
         out = server.complete(list(range(20, 60)), 16, stop_at_eos=False)
     assert len(out["tokens"]) == 16
     assert out["timings"]["draft_n"] > 0, out["timings"]
+
+
+def _train_tiny_draft(target, tmp_path) -> None:
+    """Two steps of an EAGLE-3 draft llama.cpp's graph takes (no q/k norm) on the GGUF
+    fixture, in tmp_path/run: enough to export and serve."""
+    from conftest import run_cli
+
+    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
+             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
 
 
 def _draft_candidates(log: str) -> dict[int, list[str]]:
@@ -418,8 +426,7 @@ def test_two_slots_draft_what_one_slot_drafts(tmp_path):
     from conftest import run_cli
 
     target = gguf_file("Q4_K_M")
-    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
-             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    _train_tiny_draft(target, tmp_path)
     run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
     prompt = list(range(20, 60))
     with LlamaServer(ServerOptions(target, tmp_path / "export" / "draft.gguf", draft_n=3, slots=2, threads=1,
@@ -448,8 +455,7 @@ def test_a_draft_without_vocabulary_drafts_what_the_draft_with_one_drafts(tmp_pa
     from conftest import run_cli
 
     target = gguf_file("Q4_K_M")
-    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
-             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    _train_tiny_draft(target, tmp_path)
     logs, outs = {}, {}
     for vocab in ("target", "none"):
         out_dir = tmp_path / f"export-{vocab}"
@@ -508,8 +514,7 @@ def test_slots_whose_drafts_fit_the_batch_all_draft_every_round(tmp_path):
     from conftest import run_cli
 
     target = gguf_file("Q4_K_M")
-    run_cli(["train", "model=hf", f"model.path={target}", "quant=checkpoint", AUX, "draft.qk_norm=false",
-             "data.num_samples=8", "trainer.max_steps=2", "hydra.run.dir=run"], cwd=tmp_path)
+    _train_tiny_draft(target, tmp_path)
     run_cli(["export", str(tmp_path / "run"), str(tmp_path / "export"), "--layout", "gguf"], cwd=tmp_path)
     new_tokens, k = 24, 3
     with LlamaServer(ServerOptions(target, tmp_path / "export" / "draft.gguf", draft_n=k, slots=4, threads=1,

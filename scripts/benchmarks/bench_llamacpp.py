@@ -158,10 +158,9 @@ def effective_batch(batch: int | None, slots: int, k: int) -> int | None:
     return max(batch, slots * (k + 1)) if batch else None
 
 
-def batch_flags(args, slots: int, k: int) -> list[str] | None:
+def batch_flags(ubatch: int | None, batch: int | None) -> list[str] | None:
     """llama-server's -ub / -b (the draft context takes the target's)."""
-    batch = effective_batch(args.batch, slots, k)
-    flags = (["-ub", str(args.ubatch)] if args.ubatch else []) + (["-b", str(batch)] if batch else [])
+    flags = (["-ub", str(ubatch)] if ubatch else []) + (["-b", str(batch)] if batch else [])
     return flags or None
 
 
@@ -225,20 +224,17 @@ def main() -> None:
     for repeat in range(args.repeats):
         for slots in args.slots:
             for t, d, k in configs:
+                batch = effective_batch(args.batch, slots, k)
                 r = serve(Path(targets[t]), drafts[d] if d else None, k, slots, prompts, args.max_new_tokens,
-                          args.threads, extra=batch_flags(args, slots, k), p_min=args.p_min,
+                          args.threads, extra=batch_flags(args.ubatch, batch), p_min=args.p_min,
                           ctx_per_slot=args.ctx_per_slot)
-                r["batch"] = effective_batch(args.batch, slots, k)
+                r["batch"] = batch
                 runs.setdefault((t, d, k, slots), []).append(r)
                 print(f"repeat {repeat} {t} {d or 'alone'} k={k} np={slots}: {r['tokens_per_s']:.1f} tok/s"
                       + (f", accepted {r['accepted']}/{r['drafted']}" if d else ""), flush=True)
     rows = []
     for (t, d, k, slots), rs in runs.items():
         row = {"target": t, "draft": d or "alone", "k": k, "slots": slots, **summarize(d or "alone", rs)}
-        base = runs.get((t, None, 0, slots))
-        row["speedup_vs_alone"] = row["tok_s_median"] / statistics.median(x["tokens_per_s"] for x in base) \
-            if base else float("nan")
-        row["rss_vs_alone"] = row["peak_rss_mb"] / max(x["peak_rss_mb"] for x in base) if base else float("nan")
         rows.append(row)
     result = {"machine": machine(),
               "llamacpp": install_record(), "threads": args.threads, "prompts": len(prompts),
@@ -260,6 +256,12 @@ def per_prompt(row: dict) -> list[list[int]]:
     return [[-(-int(drafted) // row["k"]), int(drafted), int(accepted)] for drafted, accepted in counts]
 
 
+def _ratio(row: dict, other: dict | None, key: str) -> float:
+    """row[key] / other[key]; nan where either lacks it (runs saved before it was kept)."""
+    nan = float("nan")
+    return row.get(key, nan) / other.get(key, nan) if other else nan
+
+
 def add_comparisons(result: dict) -> None:
     """Each draft row against the reference draft on the same target, k and slots: speed and
     RSS ratios, and its acceptance with a 95% bootstrap CI over prompts, paired with the
@@ -270,18 +272,16 @@ def add_comparisons(result: dict) -> None:
     index = {(r["target"], r["draft"], r["k"], r["slots"]): r for r in rows}
     for row in rows:
         alone = index.get((row["target"], "alone", 0, row["slots"]))
-        row["cpu_speedup_vs_alone"] = row.get("tok_cpu_s_median", float("nan")) / alone["tok_cpu_s_median"] \
-            if alone else float("nan")
+        # wall time and, robust to other jobs, CPU time of the one-thread server
+        for name, key in [("speedup_vs_alone", "tok_s_median"), ("cpu_speedup_vs_alone", "tok_cpu_s_median"),
+                          ("rss_vs_alone", "peak_rss_mb")]:
+            row[name] = _ratio(row, alone, key)
         if row["draft"] == "alone":
             continue
         ref = index[(row["target"], result["reference"], row["k"], row["slots"])]
-        row["speed_vs_reference"] = row["tok_s_median"] / ref["tok_s_median"]
-        # per CPU-second of the one-thread server: what a configuration costs, whatever else runs
-        row["cpu_speed_vs_reference"] = row.get("tok_cpu_s_median", float("nan")) / ref.get("tok_cpu_s_median",
-                                                                                            float("nan"))
-        row["decode_speed_vs_reference"] = row.get("decode_tok_s", float("nan")) / ref.get("decode_tok_s",
-                                                                                           float("nan"))
-        row["rss_vs_reference"] = row["peak_rss_mb"] / ref["peak_rss_mb"]
+        for name, key in [("speed_vs_reference", "tok_s_median"), ("cpu_speed_vs_reference", "tok_cpu_s_median"),
+                          ("decode_speed_vs_reference", "decode_tok_s"), ("rss_vs_reference", "peak_rss_mb")]:
+            row[name] = _ratio(row, ref, key)
         row["acceptance_ci"] = confidence(per_prompt(row), seed=0)["acceptance_rate_ci"]
         if row is not ref:
             diff = paired_difference(per_prompt(ref), per_prompt(row), seed=0)
